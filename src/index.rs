@@ -1,0 +1,534 @@
+//! The owner index: which Artifacts a source owns, and each Artifact by name.
+//!
+//! Fed by the Artifact watch (apply, delete, and the init/reset cycle of a
+//! watch restart) and read by the webhook and the export controller. Pure data:
+//! no I/O, no clock, so it is tested by feeding objects.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use kube::runtime::watcher;
+use kube::ResourceExt;
+
+use crate::api::{split_api_version, Artifact};
+use crate::naming;
+
+/// Identity of a source object: API group, kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceKey {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for SourceKey {
+    /// `Kind.group ns/name`, the way `kubectl` spells a resource.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.group.is_empty() {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        } else {
+            write!(
+                f,
+                "{}.{} {}/{}",
+                self.kind, self.group, self.namespace, self.name
+            )
+        }
+    }
+}
+
+/// Identity of an Artifact: namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ArtifactKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ArtifactKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The controller owner of an Artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub source: SourceKey,
+    /// `apiVersion` as written in the ownerReference.
+    pub api_version: String,
+    pub uid: String,
+}
+
+/// What the index keeps of one Artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexedArtifact {
+    pub key: ArtifactKey,
+    pub uid: String,
+    pub owner: Option<Owner>,
+}
+
+impl IndexedArtifact {
+    /// Reads the fields the index needs from an Artifact object; `None` when
+    /// the object has no namespace or name (never the case for stored objects).
+    pub fn from_artifact(artifact: &Artifact) -> Option<Self> {
+        let namespace = artifact.metadata.namespace.clone()?;
+        let name = artifact.metadata.name.clone()?;
+        let owner = artifact.controller_owner().map(|o| {
+            let (group, _) = split_api_version(&o.api_version);
+            Owner {
+                source: SourceKey {
+                    group: group.to_string(),
+                    kind: o.kind.clone(),
+                    namespace: namespace.clone(),
+                    name: o.name.clone(),
+                },
+                api_version: o.api_version.clone(),
+                uid: o.uid.clone(),
+            }
+        });
+        Some(Self {
+            key: ArtifactKey { namespace, name },
+            uid: artifact.uid().unwrap_or_default(),
+            owner,
+        })
+    }
+}
+
+/// Why a lookup by kind alone failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// Several API groups have a source of this kind, namespace and name.
+    #[error("{kind} {namespace}/{name} is ambiguous: {} match; set apiVersion in the reference to pick one", candidates.join(", "))]
+    Ambiguous {
+        kind: String,
+        namespace: String,
+        name: String,
+        /// Each candidate as `Kind.group`, sorted.
+        candidates: Vec<String>,
+    },
+}
+
+/// The result of looking a source up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceMatch {
+    pub source: SourceKey,
+    /// Names of the Artifacts the source owns, sorted; never empty.
+    pub artifacts: Vec<String>,
+}
+
+/// The owner index.
+#[derive(Debug, Default)]
+pub struct OwnerIndex {
+    artifacts: HashMap<ArtifactKey, IndexedArtifact>,
+    by_source: HashMap<SourceKey, BTreeSet<String>>,
+    /// (kind, namespace, name) -> groups that have such a source with Artifacts.
+    by_kind: HashMap<(String, String, String), BTreeSet<String>>,
+    by_uid: HashMap<String, BTreeSet<ArtifactKey>>,
+    /// Objects listed since the last watch (re)start, applied at `InitDone`.
+    pending: Option<Vec<IndexedArtifact>>,
+    synced: bool,
+}
+
+impl OwnerIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the index has seen a complete list of Artifacts at least once.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Number of Artifacts indexed.
+    pub fn len(&self) -> usize {
+        self.artifacts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.artifacts.is_empty()
+    }
+
+    /// Feeds one watch event. A watch restart (`Init` .. `InitDone`) replaces
+    /// the whole content at `InitDone`, so objects deleted while the watch was
+    /// down disappear and readers never see a half-listed index.
+    pub fn apply_event(&mut self, event: &watcher::Event<Artifact>) {
+        match event {
+            watcher::Event::Apply(a) => self.apply(a),
+            watcher::Event::Delete(a) => self.delete(a),
+            watcher::Event::Init => self.pending = Some(Vec::new()),
+            watcher::Event::InitApply(a) => {
+                if let Some(entry) = IndexedArtifact::from_artifact(a) {
+                    self.pending.get_or_insert_with(Vec::new).push(entry);
+                }
+            }
+            watcher::Event::InitDone => {
+                let entries = self.pending.take().unwrap_or_default();
+                self.reset(entries);
+            }
+        }
+    }
+
+    /// Adds or updates one Artifact.
+    pub fn apply(&mut self, artifact: &Artifact) {
+        if let Some(entry) = IndexedArtifact::from_artifact(artifact) {
+            self.insert(entry);
+        }
+    }
+
+    /// Removes one Artifact.
+    pub fn delete(&mut self, artifact: &Artifact) {
+        if let (Some(namespace), Some(name)) = (
+            artifact.metadata.namespace.clone(),
+            artifact.metadata.name.clone(),
+        ) {
+            self.remove(&ArtifactKey { namespace, name });
+        }
+    }
+
+    /// Replaces the whole content.
+    pub fn reset(&mut self, entries: impl IntoIterator<Item = IndexedArtifact>) {
+        self.artifacts.clear();
+        self.by_source.clear();
+        self.by_kind.clear();
+        self.by_uid.clear();
+        for entry in entries {
+            self.insert(entry);
+        }
+        self.synced = true;
+    }
+
+    fn insert(&mut self, entry: IndexedArtifact) {
+        if self.artifacts.get(&entry.key) == Some(&entry) {
+            return;
+        }
+        self.remove(&entry.key);
+        if let Some(owner) = &entry.owner {
+            let names = self.by_source.entry(owner.source.clone()).or_default();
+            names.insert(entry.key.name.clone());
+            self.by_kind
+                .entry(kind_key(&owner.source))
+                .or_default()
+                .insert(owner.source.group.clone());
+            self.by_uid
+                .entry(owner.uid.clone())
+                .or_default()
+                .insert(entry.key.clone());
+        }
+        self.artifacts.insert(entry.key.clone(), entry);
+    }
+
+    fn remove(&mut self, key: &ArtifactKey) {
+        let Some(old) = self.artifacts.remove(key) else {
+            return;
+        };
+        let Some(owner) = old.owner else {
+            return;
+        };
+        if let Some(names) = self.by_source.get_mut(&owner.source) {
+            names.remove(&key.name);
+            if names.is_empty() {
+                self.by_source.remove(&owner.source);
+                let kk = kind_key(&owner.source);
+                if let Some(groups) = self.by_kind.get_mut(&kk) {
+                    groups.remove(&owner.source.group);
+                    if groups.is_empty() {
+                        self.by_kind.remove(&kk);
+                    }
+                }
+            }
+        }
+        if let Some(keys) = self.by_uid.get_mut(&owner.uid) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_uid.remove(&owner.uid);
+            }
+        }
+    }
+
+    /// One Artifact by namespace and name.
+    pub fn artifact(&self, namespace: &str, name: &str) -> Option<&IndexedArtifact> {
+        self.artifacts.get(&ArtifactKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    /// The Artifacts of a source. `group: None` matches by kind alone, which
+    /// fails when several groups have a source of that kind and name.
+    /// `Ok(None)`: no Artifact of such a source is known.
+    pub fn lookup_source(
+        &self,
+        group: Option<&str>,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<SourceMatch>, LookupError> {
+        let group = match group {
+            Some(g) => g.to_string(),
+            None => {
+                let kk = (kind.to_string(), namespace.to_string(), name.to_string());
+                let Some(groups) = self.by_kind.get(&kk) else {
+                    return Ok(None);
+                };
+                if groups.len() > 1 {
+                    return Err(LookupError::Ambiguous {
+                        kind: kind.to_string(),
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        candidates: groups.iter().map(|g| format!("{kind}.{g}")).collect(),
+                    });
+                }
+                match groups.iter().next() {
+                    Some(g) => g.clone(),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let source = SourceKey {
+            group,
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        Ok(self.by_source.get(&source).map(|names| SourceMatch {
+            artifacts: names.iter().cloned().collect(),
+            source,
+        }))
+    }
+
+    /// The Artifacts whose controller owner has this UID.
+    pub fn artifacts_of_owner_uid(&self, uid: &str) -> Vec<&IndexedArtifact> {
+        self.by_uid
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.artifacts.get(k))
+            .collect()
+    }
+
+    /// Number of Artifacts a source owns.
+    pub fn artifact_count(&self, source: &SourceKey) -> usize {
+        self.by_source.get(source).map_or(0, BTreeSet::len)
+    }
+
+    /// Name of the object an Artifact is exported as: named after its source
+    /// when it is the source's only Artifact, otherwise after itself.
+    pub fn export_name(&self, artifact: &IndexedArtifact) -> String {
+        match &artifact.owner {
+            Some(owner) if self.artifact_count(&owner.source) <= 1 => {
+                naming::export_name(&owner.source.kind, &owner.source.name)
+            }
+            _ => naming::export_name_for_artifact(&artifact.key.name),
+        }
+    }
+
+    /// Counts of Artifacts by owner kind (`""` for standalone), for metrics.
+    pub fn counts_by_owner_kind(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for a in self.artifacts.values() {
+            let kind = a
+                .owner
+                .as_ref()
+                .map(|o| o.source.kind.clone())
+                .unwrap_or_default();
+            *counts.entry(kind).or_default() += 1;
+        }
+        counts
+    }
+}
+
+fn kind_key(source: &SourceKey) -> (String, String, String) {
+    (
+        source.kind.clone(),
+        source.namespace.clone(),
+        source.name.clone(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ArtifactSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn artifact(ns: &str, name: &str, owner: Option<(&str, &str, &str, &str)>) -> Artifact {
+        let mut a = Artifact::new(
+            name,
+            ArtifactSpec {
+                url: "http://x/a.tar.gz".into(),
+                revision: "r1".into(),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some(ns.into());
+        a.metadata.uid = Some(format!("uid-{ns}-{name}"));
+        a.metadata.owner_references = owner.map(|(api_version, kind, oname, uid)| {
+            vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: oname.into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]
+        });
+        a
+    }
+
+    const HTTP: &str = "sources.openflux.dev/v1alpha1";
+
+    #[test]
+    fn add_and_lookup_by_group_and_by_kind() {
+        let mut idx = OwnerIndex::new();
+        idx.apply(&artifact(
+            "ns",
+            "a1",
+            Some((HTTP, "HttpSource", "web", "u1")),
+        ));
+        let by_group = idx
+            .lookup_source(Some("sources.openflux.dev"), "HttpSource", "ns", "web")
+            .unwrap()
+            .unwrap();
+        assert_eq!(by_group.artifacts, vec!["a1"]);
+        let by_kind = idx
+            .lookup_source(None, "HttpSource", "ns", "web")
+            .unwrap()
+            .unwrap();
+        assert_eq!(by_kind, by_group);
+        assert_eq!(
+            idx.lookup_source(None, "HttpSource", "other", "web"),
+            Ok(None)
+        );
+        assert_eq!(
+            idx.lookup_source(Some("x.io"), "HttpSource", "ns", "web"),
+            Ok(None)
+        );
+        assert_eq!(idx.artifacts_of_owner_uid("u1").len(), 1);
+    }
+
+    #[test]
+    fn update_is_idempotent_and_owner_change_moves_the_entry() {
+        let mut idx = OwnerIndex::new();
+        let a = artifact("ns", "a1", Some((HTTP, "HttpSource", "web", "u1")));
+        idx.apply(&a);
+        idx.apply(&a);
+        assert_eq!(idx.len(), 1);
+        let moved = artifact("ns", "a1", Some((HTTP, "HttpSource", "other", "u2")));
+        idx.apply(&moved);
+        assert_eq!(idx.lookup_source(None, "HttpSource", "ns", "web"), Ok(None));
+        assert!(idx.artifacts_of_owner_uid("u1").is_empty());
+        assert_eq!(
+            idx.lookup_source(None, "HttpSource", "ns", "other")
+                .unwrap()
+                .unwrap()
+                .artifacts,
+            vec!["a1"]
+        );
+        assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn delete_removes_every_trace() {
+        let mut idx = OwnerIndex::new();
+        let a = artifact("ns", "a1", Some((HTTP, "HttpSource", "web", "u1")));
+        idx.apply(&a);
+        idx.delete(&a);
+        assert!(idx.is_empty());
+        assert_eq!(idx.lookup_source(None, "HttpSource", "ns", "web"), Ok(None));
+        assert!(idx.artifacts_of_owner_uid("u1").is_empty());
+        assert!(idx.artifact("ns", "a1").is_none());
+        assert!(idx.by_kind.is_empty() && idx.by_source.is_empty() && idx.by_uid.is_empty());
+        // Deleting what is not there changes nothing.
+        idx.delete(&a);
+        assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn watch_restart_replaces_content_at_init_done() {
+        let mut idx = OwnerIndex::new();
+        assert!(!idx.is_synced());
+        idx.apply(&artifact(
+            "ns",
+            "gone",
+            Some((HTTP, "HttpSource", "old", "u0")),
+        ));
+        idx.apply_event(&watcher::Event::Init);
+        idx.apply_event(&watcher::Event::InitApply(artifact(
+            "ns",
+            "a1",
+            Some((HTTP, "HttpSource", "web", "u1")),
+        )));
+        // Until InitDone, readers still see the previous content.
+        assert!(idx.artifact("ns", "gone").is_some());
+        assert!(idx.artifact("ns", "a1").is_none());
+        idx.apply_event(&watcher::Event::InitDone);
+        assert!(idx.is_synced());
+        assert!(idx.artifact("ns", "gone").is_none());
+        assert!(idx.artifact("ns", "a1").is_some());
+        assert_eq!(idx.lookup_source(None, "HttpSource", "ns", "old"), Ok(None));
+    }
+
+    #[test]
+    fn same_kind_in_two_groups_is_ambiguous_without_group() {
+        let mut idx = OwnerIndex::new();
+        idx.apply(&artifact(
+            "ns",
+            "a1",
+            Some((HTTP, "HttpSource", "web", "u1")),
+        ));
+        idx.apply(&artifact(
+            "ns",
+            "a2",
+            Some(("other.io/v1", "HttpSource", "web", "u2")),
+        ));
+        let err = idx
+            .lookup_source(None, "HttpSource", "ns", "web")
+            .unwrap_err();
+        let LookupError::Ambiguous { candidates, .. } = &err;
+        assert_eq!(
+            candidates,
+            &vec!["HttpSource.other.io", "HttpSource.sources.openflux.dev"]
+        );
+        assert!(err.to_string().contains("set apiVersion"));
+        // With a group it resolves.
+        assert_eq!(
+            idx.lookup_source(Some("other.io"), "HttpSource", "ns", "web")
+                .unwrap()
+                .unwrap()
+                .artifacts,
+            vec!["a2"]
+        );
+    }
+
+    #[test]
+    fn artifact_as_key_and_export_names() {
+        let mut idx = OwnerIndex::new();
+        idx.apply(&artifact("ns", "standalone", None));
+        idx.apply(&artifact(
+            "ns",
+            "a1",
+            Some((HTTP, "HttpSource", "web", "u1")),
+        ));
+        let standalone = idx.artifact("ns", "standalone").unwrap().clone();
+        assert!(standalone.owner.is_none());
+        assert_eq!(idx.export_name(&standalone), "artifact-standalone");
+        let a1 = idx.artifact("ns", "a1").unwrap().clone();
+        assert_eq!(idx.export_name(&a1), "httpsource-web");
+        // A second Artifact of the same source: each is exported on its own.
+        idx.apply(&artifact(
+            "ns",
+            "a2",
+            Some((HTTP, "HttpSource", "web", "u1")),
+        ));
+        assert_eq!(idx.export_name(&a1), "artifact-a1");
+        assert_eq!(
+            idx.lookup_source(None, "HttpSource", "ns", "web")
+                .unwrap()
+                .unwrap()
+                .artifacts,
+            vec!["a1", "a2"]
+        );
+        assert_eq!(idx.counts_by_owner_kind().get("HttpSource"), Some(&2));
+        assert_eq!(idx.counts_by_owner_kind().get(""), Some(&1));
+    }
+}

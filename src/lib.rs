@@ -1,0 +1,8 @@
+//! openflux: opens upstream Flux to custom source types.
+//!
+//! See the README for the user's view; each module's documentation says what
+//! it is responsible for.
+
+pub mod api;
+pub mod index;
+pub mod naming;

@@ -1,0 +1,94 @@
+//! Deterministic object names.
+//!
+//! The mirror names an Artifact after its source's kind and name; the export
+//! controller names the exported object after the producing source's kind and
+//! name. The webhook computes the same names, so it can rewrite a reference
+//! before the exported object exists. Names longer than Kubernetes allows are
+//! cut and given a hash suffix, so distinct inputs stay distinct.
+
+use sha2::{Digest, Sha256};
+
+/// Longest object name Kubernetes accepts for most resources (DNS subdomain).
+pub const MAX_NAME: usize = 253;
+/// Longest label value Kubernetes accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
+/// Hex characters of the hash suffix added to names that had to be cut.
+const HASH_LEN: usize = 10;
+
+/// Name of the Artifact mirrored from a stock source `kind`/`name`.
+pub fn mirror_artifact_name(kind: &str, name: &str) -> String {
+    joined(&kind.to_ascii_lowercase(), name, MAX_NAME)
+}
+
+/// Name of the object exported for the Artifacts of source `kind`/`name`.
+pub fn export_name(kind: &str, name: &str) -> String {
+    joined(&kind.to_ascii_lowercase(), name, MAX_NAME)
+}
+
+/// Name of the object exported for a standalone Artifact (one without owner)
+/// or for one Artifact of a source that has several.
+pub fn export_name_for_artifact(artifact_name: &str) -> String {
+    joined("artifact", artifact_name, MAX_NAME)
+}
+
+/// A label value for `value`, cut with a hash suffix when it is too long.
+pub fn label_value(value: &str) -> String {
+    bounded(value, MAX_LABEL_VALUE)
+}
+
+fn joined(prefix: &str, name: &str, max: usize) -> String {
+    bounded(&format!("{prefix}-{name}"), max)
+}
+
+/// `value` itself when it fits in `max` characters, otherwise its first part
+/// and a hash of the whole, ending in an alphanumeric character.
+fn bounded(value: &str, max: usize) -> String {
+    if value.len() <= max {
+        return value.to_string();
+    }
+    let hash = hex::encode(Sha256::digest(value.as_bytes()));
+    let keep = max - HASH_LEN - 1;
+    // Names are ASCII (DNS subdomains), but stay safe on any input.
+    let mut cut = keep;
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = value[..cut].trim_end_matches(['-', '.']);
+    format!("{head}-{}", &hash[..HASH_LEN])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_kind_dash_name() {
+        assert_eq!(
+            mirror_artifact_name("GitRepository", "podinfo"),
+            "gitrepository-podinfo"
+        );
+        assert_eq!(export_name("HttpSource", "web"), "httpsource-web");
+        assert_eq!(export_name_for_artifact("a1"), "artifact-a1");
+    }
+
+    #[test]
+    fn long_names_stay_valid_and_distinct() {
+        let a = "a".repeat(250);
+        let b = format!("{}b", "a".repeat(249));
+        let na = export_name("HttpSource", &a);
+        let nb = export_name("HttpSource", &b);
+        assert!(na.len() <= MAX_NAME, "{}", na.len());
+        assert!(nb.len() <= MAX_NAME);
+        assert_ne!(na, nb);
+        assert_eq!(na, export_name("HttpSource", &a), "deterministic");
+        assert!(na.chars().last().unwrap().is_ascii_alphanumeric());
+    }
+
+    #[test]
+    fn label_values_fit() {
+        let v = label_value(&"x-".repeat(40));
+        assert!(v.len() <= MAX_LABEL_VALUE);
+        assert!(!v.ends_with('-'));
+        assert_eq!(label_value("short"), "short");
+    }
+}
