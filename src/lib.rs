@@ -6,6 +6,7 @@
 pub mod api;
 pub mod controller;
 pub mod export;
+pub mod gate;
 pub mod index;
 pub mod leader;
 pub mod mirror;

@@ -144,6 +144,7 @@ where
 {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let gate_metrics = crate::gate::GateMetrics::register(&mut registry);
     let registry = Arc::new(Mutex::new(registry));
     let readiness = Arc::new(Readiness::default());
     let index = Arc::new(RwLock::new(OwnerIndex::new()));
@@ -215,6 +216,13 @@ where
     let mut lost_leadership = false;
     if !shutdown.is_cancelled() {
         metrics.leader.set(1);
+        tokio::spawn(crate::gate::run(
+            client.clone(),
+            (!args.watch_all_namespaces).then(|| args.namespace.clone()),
+            gate_metrics,
+            Duration::from_secs(60),
+            shutdown.clone(),
+        ));
         let controllers = tokio::spawn(run_controllers(
             args.clone(),
             ctx.clone(),
