@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, Preconditions};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::{
@@ -163,6 +163,17 @@ pub fn plan(kind: &str, api_version: &str, source: &DynamicObject) -> Result<Pla
     Ok(Plan::Mirror(Box::new(artifact)))
 }
 
+/// Drops what the mirror never reads from a cached source object.
+pub fn slim(source: &mut DynamicObject) {
+    source.metadata.managed_fields = None;
+    source.metadata.annotations = None;
+    let artifact = source.data.pointer("/status/artifact").cloned();
+    source.data = match artifact {
+        Some(a) => serde_json::json!({ "status": { "artifact": a } }),
+        None => serde_json::json!({}),
+    };
+}
+
 /// Whether `current` already says everything `desired` says.
 pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
     if current.spec != desired.spec {
@@ -226,14 +237,19 @@ impl Mirror {
     ) {
         let kind = self.kind;
         let ar = Arc::new(self.resource.clone());
-        let controller = Controller::new_with(
-            sources,
-            watcher::Config::default().any_semantic(),
-            self.resource,
-        )
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .reconcile_on(triggers)
-        .graceful_shutdown_on(shutdown);
+        // The mirror needs a source's identity and status.artifact only;
+        // keeping nothing else keeps memory flat with thousands of sources.
+        let writer = reflector::store::Writer::<DynamicObject>::new(self.resource.clone());
+        let reader = writer.as_reader();
+        let stream = watcher(sources, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .applied_objects();
+        let controller = Controller::for_stream_with(stream, reader, self.resource)
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .reconcile_on(triggers)
+            .graceful_shutdown_on(shutdown);
         let store = controller.store();
         tokio::spawn(async move {
             if store.wait_until_ready().await.is_ok() {
@@ -474,6 +490,28 @@ mod tests {
         let mut orphan = (*desired).clone();
         orphan.metadata.owner_references = None;
         assert!(!up_to_date(&orphan, &desired));
+    }
+
+    #[test]
+    fn slimmed_sources_plan_the_same() {
+        let mut s = source(
+            "GitRepository",
+            json!({"artifact": flux_artifact(), "conditions": []}),
+            json!({"a": "b"}),
+        );
+        let before = plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap();
+        slim(&mut s);
+        assert_eq!(s.data, json!({"status": {"artifact": flux_artifact()}}));
+        assert_eq!(
+            plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap(),
+            before
+        );
+        let mut gone = source("GitRepository", json!({}), json!({}));
+        slim(&mut gone);
+        assert!(matches!(
+            plan("GitRepository", "v", &gone).unwrap(),
+            Plan::Remove { .. }
+        ));
     }
 
     #[test]

@@ -316,6 +316,7 @@ async fn watch_artifacts(
 ) {
     let mut events = watcher(api, watcher::Config::default().any_semantic())
         .default_backoff()
+        .modify(|a: &mut Artifact| a.metadata.managed_fields = None)
         .boxed();
     let mut warned = false;
     loop {
@@ -476,7 +477,10 @@ fn start_export_watch(
     let reader = writer.as_reader();
     tokio::spawn(async move {
         let mut writer = writer;
-        let mut events = watcher(api, wc).default_backoff().boxed();
+        let mut events = watcher(api, wc)
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+            .boxed();
         loop {
             let event = tokio::select! {
                 e = events.try_next() => e,
