@@ -1,0 +1,269 @@
+//! `openflux run` as a child process (its PID gives the peak memory), and
+//! readings of Prometheus metrics: openflux's own and the API server's.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+use crate::openflux_process::{binary, free_addr, http_get, tail};
+use crate::support::{unique_name, Env};
+
+/// A running `openflux run`, stopped on drop.
+pub struct Openflux {
+    child: Option<Child>,
+    pub pid: u32,
+    pub metrics_addr: SocketAddr,
+    pub log: PathBuf,
+    /// When the process was started.
+    pub started: Instant,
+}
+
+impl Openflux {
+    /// Starts `openflux run` with `args` against the bench cluster; does not
+    /// wait for it (see [`Openflux::wait_serving`]).
+    pub fn spawn(env: &Env, name: &str, args: &[String]) -> anyhow::Result<Self> {
+        let metrics_addr = free_addr();
+        let health_addr = free_addr();
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name(name)));
+        let out = std::fs::File::create(&log).context("creating the openflux log")?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
+            .arg(format!("--metrics-addr={metrics_addr}"))
+            .arg(format!("--health-addr={health_addr}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if let Some(kc) = &env.kubeconfig {
+            cmd.env("KUBECONFIG", kc);
+        }
+        let started = Instant::now();
+        let child = cmd.spawn().context("starting openflux")?;
+        Ok(Openflux {
+            pid: child.id(),
+            child: Some(child),
+            metrics_addr,
+            log,
+            started,
+        })
+    }
+
+    /// Waits (bounded) until the metrics endpoint answers: the process is
+    /// up and connected. The benchmarks then wait for the work itself (the
+    /// Artifacts, the exports), which proves more than `/readyz` does.
+    pub async fn wait_serving(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if let Some((200, _)) = http_get(self.metrics_addr, "/metrics").await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "openflux did not serve its metrics after {timeout:?}:\n{}",
+                    tail(&self.log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Fails with the log's tail if the process has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            bail!("openflux exited ({status}):\n{}", tail(&self.log, 40));
+        }
+        Ok(())
+    }
+
+    /// Peak resident set size (VmHWM) in bytes.
+    pub fn peak_rss(&self) -> Option<u64> {
+        status_kib(self.pid, "VmHWM:").map(|k| k * 1024)
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        match http_get(self.metrics_addr, "/metrics").await {
+            Some((200, body)) => Ok(body),
+            other => bail!("GET openflux /metrics: {other:?}"),
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+
+    /// SIGTERM, then kill after 10 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = child.try_wait() {
+                let _ = std::fs::remove_file(&self.log);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Openflux {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- openflux log ({}) ----\n{}",
+                self.log.display(),
+                tail(&self.log, 60)
+            );
+        }
+        self.stop();
+    }
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The name, labels and value of one sample line of the Prometheus text format.
+fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let Some(open) = line.find('{') else {
+        let mut parts = line.split_whitespace();
+        let name = parts.next()?;
+        return Some((name, Vec::new(), parts.next()?.parse().ok()?));
+    };
+    let name = &line[..open];
+    let mut labels = Vec::new();
+    let mut rest = &line[open + 1..];
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            let value = after.split_whitespace().next()?.parse().ok()?;
+            return Some((name, labels, value));
+        }
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim().to_string();
+        rest = rest[eq + 1..].strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let mut close = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next()? {
+                    (_, 'n') => value.push('\n'),
+                    (_, c) => value.push(c),
+                },
+                '"' => {
+                    close = Some(i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        rest = &rest[close? + 1..];
+        labels.push((key, value));
+    }
+}
+
+/// Sum of the samples of metric `name` whose labels satisfy `keep`.
+pub fn metric_sum(text: &str, name: &str, keep: impl Fn(&[(String, String)]) -> bool) -> f64 {
+    text.lines()
+        .filter_map(parse_sample)
+        .filter(|(n, labels, _)| *n == name && keep(labels))
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+/// The value of label `key`, if set.
+pub fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Mirror writes openflux counted, for one source kind.
+pub fn mirrored_writes(metrics: &str, kind: &str) -> f64 {
+    metric_sum(metrics, "openflux_mirrored_writes_total", |l| {
+        label(l, "kind") == Some(kind)
+    })
+}
+
+/// Reconciles the mirror controller finished.
+pub fn mirror_reconciles(metrics: &str) -> f64 {
+    metric_sum(metrics, "openflux_reconcile_duration_seconds_count", |l| {
+        label(l, "controller") == Some("mirror")
+    })
+}
+
+/// The API server's `/metrics` text (the admin kubeconfig may read it).
+pub async fn apiserver_metrics(client: &kube::Client) -> anyhow::Result<String> {
+    let request = hyper::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building the request")?;
+    client
+        .request_text(request)
+        .await
+        .context("GET /metrics of the API server")
+}
+
+/// Requests that write (create, update, patch, apply, delete) the resource
+/// `group`/`resource`, any subresource, counted by the API server.
+pub fn apiserver_writes(metrics: &str, group: &str, resource: &str) -> f64 {
+    metric_sum(metrics, "apiserver_request_total", |l| {
+        label(l, "group") == Some(group)
+            && label(l, "resource") == Some(resource)
+            && !matches!(
+                label(l, "verb"),
+                Some("GET" | "LIST" | "WATCH" | "CONNECT") | None
+            )
+    })
+}
+
+/// Smoke checks of the parser, run with the bench in test mode.
+pub fn self_check() {
+    let text = "# HELP x\n\
+        apiserver_request_total{code=\"201\",component=\"apiserver\",group=\"openflux.dev\",resource=\"artifacts\",scope=\"resource\",subresource=\"\",verb=\"APPLY\",version=\"v1alpha1\"} 7\n\
+        apiserver_request_total{code=\"200\",group=\"openflux.dev\",resource=\"artifacts\",subresource=\"status\",verb=\"APPLY\"} 3\n\
+        apiserver_request_total{code=\"200\",group=\"openflux.dev\",resource=\"artifacts\",verb=\"WATCH\"} 100\n\
+        apiserver_request_total{code=\"200\",group=\"\",resource=\"configmaps\",verb=\"POST\"} 9\n\
+        openflux_mirrored_writes_total{kind=\"GitRepository\"} 12\n\
+        openflux_reconcile_duration_seconds_count{controller=\"mirror\"} 5\n\
+        openflux_reconcile_duration_seconds_count{controller=\"export\"} 2\n\
+        odd{msg=\"a,b=\\\"c\\\"\",kind=\"GitRepository\"} 1.5e3\n\
+        plain 4\n";
+    assert_eq!(apiserver_writes(text, "openflux.dev", "artifacts"), 10.0);
+    assert_eq!(apiserver_writes(text, "", "configmaps"), 9.0);
+    assert_eq!(mirrored_writes(text, "GitRepository"), 12.0);
+    assert_eq!(mirror_reconciles(text), 5.0);
+    assert_eq!(
+        metric_sum(text, "odd", |l| label(l, "kind") == Some("GitRepository")),
+        1500.0
+    );
+    assert_eq!(metric_sum(text, "plain", |_| true), 4.0);
+}
