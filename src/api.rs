@@ -70,28 +70,17 @@ pub const DIGEST_PATTERN: &str = r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]
     kind = "Artifact",
     namespaced,
     status = "ArtifactStatus",
+    derive = "PartialEq",
+    derive = "Default",
     shortname = "oart",
     category = "openflux",
     category = "all",
     doc = "Artifact is the uniform, independent description of an artifact produced by a source (a Flux source or a custom one). Producers write spec; openflux writes status.",
-    printcolumn(name = "Source", type_ = "string", json_path = ".status.source"),
-    printcolumn(name = "Revision", type_ = "string", json_path = ".spec.revision"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Status",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
-        priority = 1
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".status.source"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ArtifactSpec {
@@ -184,6 +173,13 @@ impl Artifact {
             .iter()
             .find(|c| c.type_ == READY)
     }
+}
+
+/// The Artifact CustomResourceDefinition as YAML, as `openflux crds` prints it
+/// and `manifests/crds/artifacts.yaml` carries it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    Ok(format!("---\n{}", serde_yaml::to_string(&Artifact::crd())?))
 }
 
 /// Splits an `apiVersion` into its group (empty for the core group) and version.

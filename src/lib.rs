@@ -4,5 +4,12 @@
 //! it is responsible for.
 
 pub mod api;
+pub mod controller;
+pub mod export;
+pub mod gate;
 pub mod index;
+pub mod leader;
+pub mod mirror;
 pub mod naming;
+pub mod run;
+pub mod telemetry;

@@ -1,0 +1,201 @@
+//! What the mirror and export controllers share: the context, the error type,
+//! conditions, and the memo that keeps a stale cache from causing a second
+//! identical write.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, RwLock};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+
+use crate::api::{Artifact, ArtifactStatus, FIELD_MANAGER, READY};
+use crate::index::OwnerIndex;
+use crate::telemetry::Metrics;
+
+/// Errors of a reconcile; all are retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("encoding an object: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+}
+
+/// State shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    /// All Artifacts in the watched namespaces.
+    pub artifacts: Store<Artifact>,
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub metrics: Metrics,
+    /// The resource exported objects are written as, once the cluster serves it.
+    pub export_target: RwLock<Option<ApiResource>>,
+    /// Exported objects (labelled as managed by openflux), once watched.
+    pub exports: RwLock<Option<Store<DynamicObject>>>,
+    pub memo: WriteMemo,
+}
+
+impl Context {
+    pub fn artifact_api(&self, namespace: &str) -> Api<Artifact> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Writes the status of an Artifact unless it already is `status`.
+    pub async fn apply_artifact_status(
+        &self,
+        artifact: &Artifact,
+        status: ArtifactStatus,
+    ) -> Result<bool, Error> {
+        if artifact.status.as_ref() == Some(&status) {
+            return Ok(false);
+        }
+        let ns = artifact
+            .namespace()
+            .ok_or(Error::MissingField("namespace"))?;
+        let name = artifact.name_any();
+        let key = format!("artifact-status/{ns}/{name}");
+        let rv = artifact.resource_version();
+        let hash = hash_of(&status)?;
+        if self.memo.already_written(&key, rv.as_deref(), hash) {
+            return Ok(false);
+        }
+        let body = serde_json::json!({
+            "apiVersion": crate::api::API_VERSION,
+            "kind": crate::api::KIND,
+            "status": status,
+        });
+        self.artifact_api(&ns)
+            .patch_status(&name, &apply_params(), &Patch::Apply(&body))
+            .await?;
+        self.memo.record(key, rv, hash);
+        Ok(true)
+    }
+}
+
+/// Server-side apply as openflux, taking over fields other managers set.
+pub fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// A condition of `type_`, keeping the transition time of `previous` when
+/// the status did not change.
+pub fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    previous: Option<&Condition>,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Time(Timestamp::now()),
+    };
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation,
+        last_transition_time,
+    }
+}
+
+/// The `Ready` condition for `artifact`'s status.
+pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Condition {
+    condition(
+        READY,
+        ok,
+        reason,
+        message,
+        artifact.metadata.generation,
+        artifact.ready_condition(),
+    )
+}
+
+/// Remembers the last write made for each object, so that a reconcile that
+/// runs again before the watch delivered that write (a stale cache) does not
+/// send the same write twice: one change of a source costs one API write.
+#[derive(Default)]
+pub struct WriteMemo {
+    written: Mutex<HashMap<String, (Option<String>, u64)>>,
+}
+
+impl WriteMemo {
+    /// Whether `hash` was written last for `key` while the cache showed the
+    /// object at `resource_version`, which it still shows (so the cache has
+    /// not caught up with that write yet).
+    pub fn already_written(&self, key: &str, resource_version: Option<&str>, hash: u64) -> bool {
+        let Ok(map) = self.written.lock() else {
+            return false;
+        };
+        map.get(key)
+            .is_some_and(|(rv, h)| *h == hash && rv.as_deref() == resource_version)
+    }
+
+    pub fn record(&self, key: String, resource_version_before: Option<String>, hash: u64) {
+        if let Ok(mut map) = self.written.lock() {
+            map.insert(key, (resource_version_before, hash));
+        }
+    }
+
+    pub fn forget(&self, key: &str) {
+        if let Ok(mut map) = self.written.lock() {
+            map.remove(key);
+        }
+    }
+}
+
+/// A stable hash of the JSON form of `value`.
+pub fn hash_of<T: Serialize>(value: &T) -> Result<u64, serde_json::Error> {
+    let json = serde_json::to_string(value)?;
+    let mut h = DefaultHasher::new();
+    json.hash(&mut h);
+    Ok(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memo_skips_only_while_the_cache_is_stale() {
+        let memo = WriteMemo::default();
+        assert!(!memo.already_written("k", Some("1"), 7));
+        memo.record("k".into(), Some("1".into()), 7);
+        assert!(
+            memo.already_written("k", Some("1"), 7),
+            "cache still at rv 1"
+        );
+        assert!(
+            !memo.already_written("k", Some("2"), 7),
+            "object changed since"
+        );
+        assert!(
+            !memo.already_written("k", Some("1"), 8),
+            "different content"
+        );
+        memo.forget("k");
+        assert!(!memo.already_written("k", Some("1"), 7));
+    }
+
+    #[test]
+    fn condition_keeps_transition_time_while_status_holds() {
+        let first = condition("Ready", true, "A", "m", Some(1), None);
+        let same = condition("Ready", true, "B", "n", Some(2), Some(&first));
+        assert_eq!(same.last_transition_time, first.last_transition_time);
+        assert_eq!(same.reason, "B");
+        let flipped = condition("Ready", false, "C", "o", Some(2), Some(&first));
+        assert_eq!(flipped.status, "False");
+    }
+}

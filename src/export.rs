@@ -1,0 +1,573 @@
+//! The export controller: every Artifact whose producer is not a stock Flux
+//! source is kept as an `ExternalArtifact` (source.toolkit.fluxcd.io/v1) that
+//! the unchanged Flux consumers read.
+//!
+//! The exported object lives in the Artifact's namespace under the name the
+//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), points
+//! back at the producing source in `spec.sourceRef` (so `flux trace` and
+//! notification Alerts work), is owned by the Artifact, and carries the
+//! Artifact in `status.artifact` with a `Ready` condition.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Patch;
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::Controller;
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+
+use crate::api::{
+    is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference, API_VERSION,
+    ARTIFACT_LABEL, KIND, MANAGED_BY, MANAGED_BY_LABEL, READY,
+};
+use crate::controller::{apply_params, hash_of, ready, Context, Error};
+use crate::index::IndexedArtifact;
+use crate::naming;
+
+/// The object an Artifact is exported as, and its status.
+#[derive(Debug, PartialEq)]
+pub struct ExportPlan {
+    /// apiVersion, kind, metadata and spec, for a server-side apply.
+    pub object: Value,
+    /// `status.artifact` of the exported object.
+    pub artifact: Value,
+    /// Message of the exported object's `Ready` condition.
+    pub message: String,
+}
+
+/// Decides what `artifact` is exported as; `Err` says, for a person, why it
+/// cannot be exported. Pure.
+pub fn plan(
+    artifact: &Artifact,
+    export_name: &str,
+    target: &ApiResource,
+) -> Result<ExportPlan, String> {
+    let name = artifact.name_any();
+    let namespace = artifact.namespace().unwrap_or_default();
+    let spec = &artifact.spec;
+    if !(spec.url.starts_with("http://") || spec.url.starts_with("https://")) {
+        return Err(format!(
+            "spec.url {:?} is not an http:// or https:// address; Flux consumers download artifacts over HTTP",
+            spec.url
+        ));
+    }
+    let Some(digest) = spec.digest.clone() else {
+        return Err("spec.digest is missing; Flux consumers verify every download against it, set it to sha256:<hex of the file at spec.url>".to_string());
+    };
+    let uid = artifact
+        .uid()
+        .ok_or_else(|| "the Artifact has no uid yet".to_string())?;
+    let source_ref = match artifact.controller_owner() {
+        Some(o) => json!({
+            "apiVersion": o.api_version,
+            "kind": o.kind,
+            "name": o.name,
+            "namespace": namespace,
+        }),
+        None => json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": name,
+            "namespace": namespace,
+        }),
+    };
+    let object = json!({
+        "apiVersion": target.api_version,
+        "kind": target.kind,
+        "metadata": {
+            "name": export_name,
+            "namespace": namespace,
+            "labels": {
+                MANAGED_BY_LABEL: MANAGED_BY,
+                ARTIFACT_LABEL: naming::label_value(&name),
+            },
+            "ownerReferences": [{
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": name,
+                "uid": uid,
+                "controller": true,
+            }],
+        },
+        "spec": { "sourceRef": source_ref },
+    });
+    let last_update = spec
+        .last_update_time
+        .clone()
+        .or_else(|| artifact.metadata.creation_timestamp.clone())
+        .unwrap_or(Time(Timestamp::UNIX_EPOCH));
+    let mut exported = json!({
+        "url": spec.url,
+        "revision": spec.revision,
+        "digest": digest,
+        "path": spec.path.clone().unwrap_or_else(|| path_from_url(&spec.url, &name)),
+        "lastUpdateTime": last_update,
+    });
+    if let Some(size) = spec.size {
+        exported["size"] = json!(size);
+    }
+    if let Some(metadata) = &spec.metadata {
+        exported["metadata"] = json!(metadata);
+    }
+    Ok(ExportPlan {
+        object,
+        artifact: exported,
+        message: format!("stored artifact for revision '{}'", spec.revision),
+    })
+}
+
+/// The path part of `url` (no leading slash, no query), or `<name>.tar.gz`.
+pub fn path_from_url(url: &str, name: &str) -> String {
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path = after_scheme.split_once('/').map_or("", |(_, p)| p);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    if path.is_empty() {
+        format!("{name}.tar.gz")
+    } else {
+        path.to_string()
+    }
+}
+
+/// Whether the exported object `current` already has the metadata and spec
+/// of `desired` (labels and owner as a subset; other writers may add).
+pub fn object_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
+    let spec_ok = current.data.get("spec") == desired.get("spec");
+    let labels = current.labels();
+    let labels_ok = desired["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+    let owners = current
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    let owner_ok = desired["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|d| {
+            owners
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == d["uid"].as_str())
+        });
+    spec_ok && labels_ok && owner_ok
+}
+
+/// The status the exported object should have, keeping the transition time
+/// of its current `Ready` condition when that stays true.
+pub fn desired_status(
+    current: Option<&DynamicObject>,
+    plan: &ExportPlan,
+    generation: Option<i64>,
+) -> Value {
+    let previous = current
+        .and_then(|c| c.data.get("status"))
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == READY));
+    let since = match previous {
+        Some(p) if p["status"] == "True" => p["lastTransitionTime"].clone(),
+        _ => json!(Time(Timestamp::now())),
+    };
+    let mut condition = json!({
+        "type": READY,
+        "status": "True",
+        "reason": reason::SUCCEEDED,
+        "message": plan.message,
+        "lastTransitionTime": since,
+    });
+    if let Some(g) = generation {
+        condition["observedGeneration"] = json!(g);
+    }
+    json!({ "artifact": plan.artifact, "conditions": [condition] })
+}
+
+/// Whether the exported object's status already is `desired` (ignoring the
+/// transition time).
+pub fn status_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
+    let Some(status) = current.data.get("status") else {
+        return false;
+    };
+    if status.get("artifact") != desired.get("artifact") {
+        return false;
+    }
+    let strip = |v: Option<&Value>| -> Vec<Value> {
+        v.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("lastTransitionTime");
+                }
+                c
+            })
+            .collect()
+    };
+    strip(status.get("conditions")) == strip(desired.get("conditions"))
+}
+
+/// Why the name an Artifact would be exported under is taken, if it is.
+pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> {
+    let managed = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    let ours = existing
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == artifact_uid);
+    if ours {
+        return None;
+    }
+    let ns = existing.namespace().unwrap_or_default();
+    let name = existing.name_any();
+    Some(if managed {
+        let other = existing
+            .labels()
+            .get(ARTIFACT_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        format!(
+            "ExternalArtifact {ns}/{name} is already exported for Artifact {ns}/{other}; two sources of the same kind and name in different API groups cannot both be exported: rename one"
+        )
+    } else {
+        format!(
+            "ExternalArtifact {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
+        )
+    })
+}
+
+/// Runs the export controller until `shutdown`. `triggers` carries every
+/// Artifact to look at again (its own changes, its exported object's
+/// changes, a sibling's arrival).
+pub async fn run(
+    ctx: Arc<Context>,
+    artifacts: Store<Artifact>,
+    triggers: impl futures::Stream<Item = Arc<Artifact>> + Send + 'static,
+    concurrency: u16,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    Controller::for_shared_stream(triggers, artifacts)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            |artifact, error, ctx| {
+                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
+                ctx.metrics.observe_reconcile("export", 0.0, false);
+                Action::requeue(Duration::from_secs(5))
+            },
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    tracing::info!("export controller stopped");
+}
+
+#[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
+async fn reconcile(artifact: Arc<Artifact>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(&artifact, &ctx).await;
+    ctx.metrics
+        .observe_reconcile("export", started.elapsed().as_secs_f64(), true);
+    result
+}
+
+async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, Error> {
+    let indexed =
+        IndexedArtifact::from_artifact(artifact).ok_or(Error::MissingField("namespace"))?;
+    if let Some(owner) = &indexed.owner {
+        if is_stock_source(&owner.source.group, &owner.source.kind) {
+            // Mirrored: Flux reads the source itself.
+            return Ok(Action::await_change());
+        }
+    }
+    let namespace = indexed.key.namespace.clone();
+    let source = indexed
+        .owner
+        .as_ref()
+        .map(|o| format!("{}/{}", o.source.kind, o.source.name));
+    let export_name = match ctx.index.read() {
+        Ok(index) => index.export_name(&indexed),
+        Err(_) => return Err(Error::MissingField("owner index (poisoned lock)")),
+    };
+    let status =
+        |ok: bool, reason: &str, message: &str, exported: Option<ObjectReference>| ArtifactStatus {
+            observed_generation: artifact.metadata.generation,
+            source: source.clone(),
+            exported_ref: exported,
+            conditions: vec![ready(artifact, ok, reason, message)],
+        };
+
+    let target = ctx.export_target.read().ok().and_then(|t| t.clone());
+    let Some(target) = target else {
+        let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
+        ctx.apply_artifact_status(
+            artifact,
+            status(false, reason::EXPORT_TARGET_MISSING, msg, None),
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    };
+    let plan = match plan(artifact, &export_name, &target) {
+        Ok(p) => p,
+        Err(msg) => {
+            ctx.apply_artifact_status(
+                artifact,
+                status(false, reason::INVALID_ARTIFACT, &msg, None),
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &target);
+    let cached = ctx.exports.read().ok().and_then(|s| {
+        s.as_ref().and_then(|s| {
+            s.get(&ObjectRef::new_with(&export_name, target.clone()).within(&namespace))
+        })
+    });
+    // An object we did not create is not in the (labelled) cache: ask.
+    let current: Option<DynamicObject> = match cached {
+        Some(c) => Some((*c).clone()),
+        None => api.get_opt(&export_name).await?,
+    };
+    let uid = artifact.uid().unwrap_or_default();
+    if let Some(existing) = &current {
+        if let Some(msg) = conflict(existing, &uid) {
+            ctx.apply_artifact_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
+                .await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+    }
+
+    let key = format!("export/{namespace}/{export_name}");
+    let rv = current.as_ref().and_then(|c| c.resource_version());
+    let hash = hash_of(&plan.object)?;
+    let mut latest = current.clone();
+    let needs_object = !current
+        .as_ref()
+        .is_some_and(|c| object_up_to_date(c, &plan.object));
+    if needs_object && !ctx.memo.already_written(&key, rv.as_deref(), hash) {
+        let applied = api
+            .patch(&export_name, &apply_params(), &Patch::Apply(&plan.object))
+            .await?;
+        ctx.memo.record(key, rv, hash);
+        ctx.metrics.exported.inc();
+        latest = Some(applied);
+    }
+    let generation = latest.as_ref().and_then(|l| l.metadata.generation);
+    let desired = desired_status(latest.as_ref(), &plan, generation);
+    let status_key = format!("export-status/{namespace}/{export_name}");
+    let status_rv = latest.as_ref().and_then(|l| l.resource_version());
+    let status_hash = hash_of(&desired)?;
+    let needs_status = !latest
+        .as_ref()
+        .is_some_and(|l| status_up_to_date(l, &desired));
+    if needs_status
+        && !ctx
+            .memo
+            .already_written(&status_key, status_rv.as_deref(), status_hash)
+    {
+        let body = json!({
+            "apiVersion": target.api_version,
+            "kind": target.kind,
+            "status": desired,
+        });
+        api.patch_status(&export_name, &apply_params(), &Patch::Apply(&body))
+            .await?;
+        ctx.memo.record(status_key, status_rv, status_hash);
+        ctx.metrics.exported.inc();
+        tracing::info!(export = %export_name, revision = %artifact.spec.revision, "exported artifact");
+    }
+    let exported = ObjectReference {
+        api_version: target.api_version.clone(),
+        kind: target.kind.clone(),
+        name: export_name.clone(),
+        namespace: Some(namespace.clone()),
+    };
+    let msg = format!(
+        "exported as {} {namespace}/{export_name} at revision '{}'",
+        target.kind, artifact.spec.revision
+    );
+    ctx.apply_artifact_status(
+        artifact,
+        status(true, reason::EXPORTED, &msg, Some(exported)),
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// Labels selecting the objects openflux exports.
+pub fn managed_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ArtifactSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::core::GroupVersionKind;
+
+    fn target() -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "ExternalArtifact"),
+            "externalartifacts",
+        )
+    }
+
+    fn artifact(owner: bool, digest: Option<&str>) -> Artifact {
+        let mut a = Artifact::new(
+            "web",
+            ArtifactSpec {
+                url: "http://store.example:9090/apps/web/abc.tar.gz?x=1".into(),
+                revision: "latest@sha256:abc".into(),
+                digest: digest.map(String::from),
+                size: Some(10),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some("apps".into());
+        a.metadata.uid = Some("a-uid".into());
+        a.metadata.creation_timestamp = Some(Time("2025-01-01T00:00:00Z".parse().unwrap()));
+        if owner {
+            a.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "sources.openflux.dev/v1alpha1".into(),
+                kind: "HttpSource".into(),
+                name: "web".into(),
+                uid: "s-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]);
+        }
+        a
+    }
+
+    #[test]
+    fn exports_custom_artifact_with_source_ref_owner_and_status() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            &target(),
+        )
+        .unwrap();
+        assert_eq!(p.object["kind"], "ExternalArtifact");
+        assert_eq!(p.object["metadata"]["name"], "httpsource-web");
+        assert_eq!(p.object["metadata"]["namespace"], "apps");
+        assert_eq!(p.object["metadata"]["labels"][MANAGED_BY_LABEL], "openflux");
+        assert_eq!(p.object["metadata"]["ownerReferences"][0]["uid"], "a-uid");
+        assert_eq!(
+            p.object["metadata"]["ownerReferences"][0]["kind"],
+            "Artifact"
+        );
+        assert_eq!(
+            p.object["spec"]["sourceRef"],
+            json!({"apiVersion": "sources.openflux.dev/v1alpha1", "kind": "HttpSource", "name": "web", "namespace": "apps"})
+        );
+        assert_eq!(
+            p.artifact,
+            json!({
+                "url": "http://store.example:9090/apps/web/abc.tar.gz?x=1",
+                "revision": "latest@sha256:abc",
+                "digest": "sha256:abc",
+                "path": "apps/web/abc.tar.gz",
+                "size": 10,
+                "lastUpdateTime": "2025-01-01T00:00:00Z",
+            })
+        );
+    }
+
+    #[test]
+    fn standalone_artifact_points_at_itself() {
+        let p = plan(
+            &artifact(false, Some("sha256:abc")),
+            "artifact-web",
+            &target(),
+        )
+        .unwrap();
+        assert_eq!(p.object["spec"]["sourceRef"]["kind"], "Artifact");
+        assert_eq!(
+            p.object["spec"]["sourceRef"]["apiVersion"],
+            "openflux.dev/v1alpha1"
+        );
+    }
+
+    #[test]
+    fn refuses_artifacts_flux_could_not_use() {
+        let err = plan(&artifact(true, None), "x", &target()).unwrap_err();
+        assert!(err.contains("spec.digest is missing"), "{err}");
+        let mut a = artifact(true, Some("sha256:abc"));
+        a.spec.url = "file:///etc/passwd".into();
+        assert!(plan(&a, "x", &target())
+            .unwrap_err()
+            .contains("not an http"));
+    }
+
+    #[test]
+    fn paths_from_urls() {
+        assert_eq!(path_from_url("http://h:1/a/b.tgz", "n"), "a/b.tgz");
+        assert_eq!(path_from_url("https://h", "n"), "n.tar.gz");
+        assert_eq!(path_from_url("http://h/x.tgz#f", "n"), "x.tgz");
+    }
+
+    fn dynamic(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn up_to_date_checks_and_status_comparison() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            &target(),
+        )
+        .unwrap();
+        let mut current = dynamic(p.object.clone());
+        assert!(object_up_to_date(&current, &p.object));
+        let desired = desired_status(Some(&current), &p, Some(1));
+        assert!(!status_up_to_date(&current, &desired));
+        current.data["status"] = desired.clone();
+        assert!(status_up_to_date(&current, &desired));
+        // Same status later: the transition time is kept.
+        let again = desired_status(Some(&current), &p, Some(1));
+        assert_eq!(again, desired);
+        // A new revision changes the status.
+        let mut newer = artifact(true, Some("sha256:def"));
+        newer.spec.revision = "latest@sha256:def".into();
+        let p2 = plan(&newer, "httpsource-web", &target()).unwrap();
+        assert!(!status_up_to_date(
+            &current,
+            &desired_status(Some(&current), &p2, Some(1))
+        ));
+    }
+
+    #[test]
+    fn conflicts_name_the_way_out() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            &target(),
+        )
+        .unwrap();
+        let ours = dynamic(p.object.clone());
+        assert_eq!(conflict(&ours, "a-uid"), None);
+        let mut foreign = ours.clone();
+        foreign.metadata.labels = None;
+        foreign.metadata.owner_references = None;
+        assert!(conflict(&foreign, "a-uid")
+            .unwrap()
+            .contains("not managed by openflux"));
+        let other = ours.clone();
+        assert!(conflict(&other, "other-uid")
+            .unwrap()
+            .contains("already exported"));
+    }
+}

@@ -1,0 +1,249 @@
+//! Logs, metrics and the health endpoints.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tracing_subscriber::{fmt, EnvFilter};
+
+/// Sets up logging: `level` is a tracing filter (`info`, `debug`,
+/// `openflux=debug,kube=info`, ...); `json` selects structured JSON lines.
+pub fn init_logging(level: &str, json: bool) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_new(level)
+        .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+    result.map_err(|e| anyhow::anyhow!("logging already initialised: {e}"))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: String,
+}
+
+/// The controllers' metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    /// Artifact writes made by the mirror, by source kind.
+    pub mirrored: Family<KindLabels, Counter>,
+    /// Exported-object writes made by the export controller.
+    pub exported: Counter,
+    /// Reconciles that ended in an error, by controller.
+    pub reconcile_errors: Family<ControllerLabels, Counter>,
+    /// Reconcile durations, by controller.
+    pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    /// Artifacts in the owner index.
+    pub indexed_artifacts: Gauge,
+    /// 1 while this replica holds the leader Lease.
+    pub leader: Gauge,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            mirrored: Family::default(),
+            exported: Counter::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+            }),
+            indexed_artifacts: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        registry.register(
+            "openflux_mirrored_writes",
+            "Artifact writes made by the mirror controller",
+            m.mirrored.clone(),
+        );
+        registry.register(
+            "openflux_exported_writes",
+            "Exported object writes made by the export controller",
+            m.exported.clone(),
+        );
+        registry.register(
+            "openflux_reconcile_errors",
+            "Reconciles that ended in an error",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "openflux_reconcile_duration_seconds",
+            "Duration of reconciles",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "openflux_indexed_artifacts",
+            "Artifacts in the owner index",
+            m.indexed_artifacts.clone(),
+        );
+        registry.register(
+            "openflux_leader",
+            "1 while this replica holds the leader Lease",
+            m.leader.clone(),
+        );
+        m
+    }
+
+    pub fn observe_reconcile(&self, controller: &str, seconds: f64, ok: bool) {
+        let labels = ControllerLabels {
+            controller: controller.to_string(),
+        };
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+        if !ok {
+            self.reconcile_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// Readiness: true once every watch this replica depends on has synced.
+#[derive(Default)]
+pub struct Readiness {
+    /// Watches started and not yet synced.
+    pending: AtomicUsize,
+    /// Set once the first watch registered, so an empty process is not ready.
+    started: AtomicBool,
+}
+
+impl Readiness {
+    /// Registers one watch that must sync before the process is ready; the
+    /// returned guard marks it synced.
+    pub fn watch_started(self: &Arc<Self>) -> SyncGuard {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.started.store(true, Ordering::SeqCst);
+        SyncGuard {
+            readiness: Some(self.clone()),
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.started.load(Ordering::SeqCst) && self.pending.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// Marks one watch as synced when [`SyncGuard::synced`] is called.
+pub struct SyncGuard {
+    readiness: Option<Arc<Readiness>>,
+}
+
+impl SyncGuard {
+    pub fn synced(&mut self) {
+        if let Some(r) = self.readiness.take() {
+            r.pending.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[derive(Clone)]
+struct HttpState {
+    registry: Arc<Mutex<Registry>>,
+    readiness: Arc<Readiness>,
+}
+
+async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
+    let mut body = String::new();
+    let encoded = match s.registry.lock() {
+        Ok(registry) => prometheus_client::encoding::text::encode(&mut body, &registry),
+        Err(_) => Err(std::fmt::Error),
+    };
+    match encoded {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "encoding metrics failed\n".to_string(),
+        ),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<HttpState>) -> (StatusCode, &'static str) {
+    if s.readiness.is_ready() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet\n")
+    }
+}
+
+/// Serves `/metrics` on `metrics_addr` and `/healthz`, `/readyz` on
+/// `health_addr` (plain HTTP, as Flux controllers do) until `shutdown`.
+pub async fn serve(
+    metrics_addr: SocketAddr,
+    health_addr: SocketAddr,
+    registry: Arc<Mutex<Registry>>,
+    readiness: Arc<Readiness>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let state = HttpState {
+        registry,
+        readiness,
+    };
+    let metrics_app = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state.clone());
+    let health_app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state);
+    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on --metrics-addr {metrics_addr}: {e}"))?;
+    let health_listener = tokio::net::TcpListener::bind(health_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on --health-addr {health_addr}: {e}"))?;
+    tracing::info!(%metrics_addr, %health_addr, "serving metrics and health endpoints");
+    let a = axum::serve(metrics_listener, metrics_app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let b =
+        axum::serve(health_listener, health_app).with_graceful_shutdown(shutdown.cancelled_owned());
+    tokio::try_join!(async { a.await }, async { b.await })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_after_every_watch_synced() {
+        let r = Arc::new(Readiness::default());
+        assert!(!r.is_ready(), "nothing started yet");
+        let mut a = r.watch_started();
+        let mut b = r.watch_started();
+        a.synced();
+        assert!(!r.is_ready());
+        b.synced();
+        b.synced();
+        assert!(r.is_ready());
+    }
+}
