@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
@@ -55,7 +55,11 @@ pub struct Context {
     pub client: Client,
     pub http: reqwest::Client,
     pub storage: Storage,
-    pub recorder: Recorder,
+    /// Who publishes Events. A Recorder is made per Event: a shared one would
+    /// fold Events of the same reason into one series and keep the first
+    /// note ("stored artifact with revision A" for revision B); Events are
+    /// only emitted on changes, so there is nothing to fold.
+    pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
     /// Largest artifact accepted, in decompressed bytes.
     pub max_size: u64,
@@ -78,7 +82,7 @@ impl Context {
         client: Client,
         http: reqwest::Client,
         storage: Storage,
-        recorder: Recorder,
+        reporter: Reporter,
         metrics: Arc<Metrics>,
         max_size: u64,
         retention: Retention,
@@ -87,7 +91,7 @@ impl Context {
             client,
             http,
             storage,
-            recorder,
+            reporter,
             metrics,
             max_size,
             retention,
@@ -611,7 +615,8 @@ async fn write_outcome(
             action: "Reconcile".to_string(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+        if let Err(e) = recorder.publish(&event, &reference).await {
             warn!(error = %e, "cannot publish event");
         }
     }
@@ -629,9 +634,16 @@ pub async fn run(ctx: Arc<Context>, health: Health, namespace: Option<String>, c
         None => (Api::all(client.clone()), Api::all(client)),
     };
     let (reader, writer) = reflector::store();
+    let synced = health.clone();
     let stream = watcher(sources, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
+        .inspect_ok(move |event| {
+            if matches!(event, watcher::Event::InitDone) && !synced.is_ready() {
+                info!("HttpSource watch synced");
+                synced.set_ready();
+            }
+        })
         .applied_objects()
         .predicate_filter(reconcile_trigger, Default::default());
 
@@ -651,14 +663,11 @@ pub async fn run(ctx: Arc<Context>, health: Health, namespace: Option<String>, c
     sweeper.abort();
 }
 
-/// Once the watch synced: marks the controller ready, then periodically
-/// removes the storage of deleted HttpSources and expired artifacts.
+/// Once the watch synced (the store is complete, so a source missing from
+/// it is gone), periodically removes the storage of deleted HttpSources and
+/// expired artifacts.
 async fn sweep_storage(store: Store<HttpSource>, ctx: Arc<Context>, health: Health) {
-    if store.wait_until_ready().await.is_err() {
-        return;
-    }
-    health.set_ready();
-    info!("HttpSource watch synced");
+    health.wait_ready().await;
     let every = (ctx.retention.ttl / 2).clamp(Duration::from_secs(5), Duration::from_secs(60));
     let mut tick = tokio::time::interval(every);
     loop {

@@ -206,7 +206,9 @@ pub async fn fetch(
     timeout: Duration,
     max_size: u64,
 ) -> Result<Fetched, FetchError> {
-    let failed = |e: reqwest::Error| FetchError::Failed(format!("GET {url}: {}", error_chain(&e)));
+    let failed = |e: reqwest::Error| {
+        FetchError::Failed(format!("GET {url}: {}", error_chain(&e.without_url())))
+    };
     let mut request = client.get(url).timeout(timeout);
     if let Some((user, password)) = &auth.basic {
         request = request.basic_auth(user, Some(password));

@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::CustomResourceExt;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -175,8 +175,27 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn init_logging(args: &RunArgs) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+    let level = args.log_level.to_ascii_lowercase();
+    if !["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) {
+        anyhow::bail!("invalid --log-level {level:?}: use trace, debug, info, warn or error");
+    }
+    // The HTTP and TLS plumbing stays at info when the controller is more verbose.
+    let quiet = [
+        "hyper_util",
+        "h2",
+        "tower",
+        "rustls",
+        "globset",
+        "kube_client",
+    ]
+    .map(|c| format!(",{c}=info"))
+    .concat();
+    let directives = if matches!(level.as_str(), "trace" | "debug") {
+        format!("{level}{quiet}")
+    } else {
+        level
+    };
+    let filter = EnvFilter::try_new(&directives).context("building the log filter")?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if args.log_json {
         builder.json().flatten_event(true).init();
@@ -250,7 +269,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller: controller::FIELD_MANAGER.to_string(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let recorder = Recorder::new(client.clone(), reporter);
     let metrics = Arc::new(Metrics::default());
     let health = Health::default();
 
@@ -267,7 +285,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         client,
         http,
         storage,
-        recorder,
+        reporter,
         metrics,
         args.max_artifact_size,
         retention,

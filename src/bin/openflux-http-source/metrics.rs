@@ -4,7 +4,6 @@
 //! `downloaded` (a full body was read), `not_modified` (a 304 kept the
 //! artifact) and `failed`. An unchanged remote shows as `not_modified`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -124,14 +123,33 @@ async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 /// Readiness: true once the HttpSource watch has synced.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Health {
-    ready: Arc<AtomicBool>,
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            ready: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
 }
 
 impl Health {
     pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Relaxed);
+        self.ready.send_replace(true);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Resolves once ready.
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        // The sender lives as long as self: this cannot fail.
+        let _ = rx.wait_for(|ready| *ready).await;
     }
 
     /// `/healthz` (alive) and `/readyz` (watch synced).
@@ -144,7 +162,7 @@ impl Health {
 }
 
 async fn readyz(State(health): State<Health>) -> impl IntoResponse {
-    if health.ready.load(Ordering::Relaxed) {
+    if health.is_ready() {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "watch not synced")
