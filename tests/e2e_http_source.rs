@@ -1030,3 +1030,162 @@ async fn suspend_stops_fetching_and_a_request_fetches_now() {
     .await;
     assert_eq!(Some(handled), requested);
 }
+
+/// `openflux run` for this namespace. Only what it does is awaited (the
+/// ExternalArtifact it exports), not its readiness endpoint.
+struct OpenfluxRun {
+    child: Child,
+    log: PathBuf,
+}
+
+impl OpenfluxRun {
+    fn start(env: &Env, ns: &str) -> Self {
+        let log = std::env::temp_dir().join(format!("{ns}-openflux.log"));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file handle");
+        let mut cmd = Command::new(openflux_process::binary());
+        cmd.arg("run")
+            .arg("--watch-all-namespaces=false")
+            .arg(format!("--namespace={ns}"))
+            .arg(format!("--metrics-addr={}", free_addr()))
+            .arg(format!("--health-addr={}", free_addr()))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if let Some(kubeconfig) = &env.kubeconfig {
+            cmd.env("KUBECONFIG", kubeconfig);
+        }
+        let child = cmd.spawn().expect("starting openflux run");
+        OpenfluxRun { child, log }
+    }
+}
+
+impl Drop for OpenfluxRun {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- openflux log ({}) ----\n{}",
+                self.log.display(),
+                tail(&self.log, 40)
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The whole path a user sees: HttpSource -> Artifact -> ExternalArtifact
+/// (openflux's export controller) -> Kustomization (stock kustomize-controller
+/// with its ExternalArtifact feature gate) -> objects in the cluster, and a
+/// change of the remote rolled out the same way. The Kustomization names the
+/// exported object; with openflux's webhook it may name the HttpSource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kustomization_deploys_what_an_http_source_fetches() {
+    let w = world("hs-flow").await;
+    for crd in [
+        "kustomizations.kustomize.toolkit.fluxcd.io",
+        "externalartifacts.source.toolkit.fluxcd.io",
+    ] {
+        let installed = w
+            .env
+            .get(
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+                None,
+                crd,
+            )
+            .await
+            .ok()
+            .flatten()
+            .is_some();
+        if !installed {
+            eprintln!("SKIPPED a_kustomization_deploys_what_an_http_source_fetches: {crd} is not installed (needs Flux's kustomize-controller)");
+            return;
+        }
+    }
+    let ns = w.ns().to_string();
+    let _openflux = OpenfluxRun::start(&w.env, &ns);
+
+    let configmap = |v: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: flow\ndata:\n  v: {v}\n")
+    };
+    let path = "flow.tgz";
+    w.server
+        .content
+        .put(path, tgz(&[("deploy/cm.yaml", &configmap("one"))], 0, 0));
+    w.apply_source("app", json!({"url": w.server.url(path), "interval": "1s"}))
+        .await;
+    let first = revision(&w.wait_ready("app", None).await).expect("revision");
+
+    let exported = wait_for("the ExternalArtifact httpsource-app", TIMEOUT, || async {
+        let ea = w
+            .env
+            .get(
+                "source.toolkit.fluxcd.io/v1",
+                "ExternalArtifact",
+                Some(&ns),
+                "httpsource-app",
+            )
+            .await
+            .ok()
+            .flatten()?;
+        (text(&ea, "/status/artifact/digest") == first).then_some(ea)
+    })
+    .await;
+    assert_eq!(text(&exported, "/spec/sourceRef/kind"), "HttpSource");
+    assert_eq!(text(&exported, "/spec/sourceRef/name"), "app");
+
+    w.env
+        .apply(&json!({
+            "apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {
+                "interval": "1m", "prune": true, "path": "./deploy", "targetNamespace": ns,
+                "sourceRef": {"kind": "ExternalArtifact", "name": "httpsource-app"},
+            },
+        }))
+        .await
+        .expect("applying the Kustomization");
+
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(w.env.client.clone(), &ns);
+    let value = |cms: Api<k8s_openapi::api::core::v1::ConfigMap>| async move {
+        cms.get_opt("flow")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|cm| cm.data)
+            .and_then(|d| d.get("v").cloned())
+    };
+    wait_for(
+        "the ConfigMap deployed from the HttpSource",
+        TIMEOUT,
+        || {
+            let cms = cms.clone();
+            async move { (value(cms).await.as_deref() == Some("one")).then_some(()) }
+        },
+    )
+    .await;
+
+    w.server
+        .content
+        .put(path, tgz(&[("deploy/cm.yaml", &configmap("two"))], 0, 0));
+    let second = revision(&w.wait_ready("app", Some(&first)).await).expect("revision");
+    wait_for("the change rolled out", TIMEOUT, || {
+        let cms = cms.clone();
+        async move { (value(cms).await.as_deref() == Some("two")).then_some(()) }
+    })
+    .await;
+    let ks = w
+        .env
+        .get(
+            "kustomize.toolkit.fluxcd.io/v1",
+            "Kustomization",
+            Some(&ns),
+            "app",
+        )
+        .await
+        .expect("Kustomization")
+        .expect("Kustomization");
+    assert_eq!(text(&ks, "/status/lastAppliedRevision"), second);
+}
