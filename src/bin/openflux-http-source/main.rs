@@ -314,6 +314,47 @@ mod tests {
         assert_eq!(advertised_addr("svc.ns:80", &listen), "svc.ns:80");
     }
 
+    /// The shipped Deployment passes flags this binary accepts.
+    #[test]
+    fn the_deployment_args_parse() {
+        let deployment: serde_yaml::Value = serde_yaml::from_str(include_str!(
+            "../../../manifests/http-source/deployment.yaml"
+        ))
+        .unwrap();
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<String> = container["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let cli =
+            Cli::try_parse_from(std::iter::once("openflux-http-source".to_string()).chain(args))
+                .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.storage_path, PathBuf::from("/data"));
+        assert!(cli
+            .run
+            .storage_adv_addr
+            .starts_with("openflux-http-source."));
+        let ports: Vec<i64> = container["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|p| p["containerPort"].as_i64().unwrap())
+            .collect();
+        for addr in [
+            &cli.run.storage_addr,
+            &cli.run.metrics_addr,
+            &cli.run.health_addr,
+        ] {
+            assert!(
+                ports.contains(&(listen_addr(addr).unwrap().port() as i64)),
+                "{addr}"
+            );
+        }
+    }
+
     #[test]
     fn flags_follow_flux_conventions() {
         let cli = Cli::try_parse_from([
