@@ -4,6 +4,7 @@
 //! it is responsible for.
 
 pub mod api;
+pub mod certs;
 pub mod controller;
 pub mod export;
 pub mod gate;
