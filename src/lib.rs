@@ -14,3 +14,4 @@ pub mod mirror;
 pub mod naming;
 pub mod run;
 pub mod telemetry;
+pub mod webhook;
