@@ -150,7 +150,8 @@ pub fn is_stock_ref(api_version: Option<&str>, kind: &str) -> bool {
 /// only when one of its reference fields names something other than a stock
 /// kind it accepts. A stock reference never reaches openflux, so stock Flux
 /// works unchanged while openflux is down. Objects being deleted never do
-/// either, so a finalizer can always be removed.
+/// either, so a finalizer can always be removed; nor do references without a
+/// kind, which the API server's own validation refuses with a clear message.
 pub fn match_condition(consumer: &Consumer) -> String {
     let mut fields = vec![field_condition(&consumer.refs)];
     if let Some(forbidden) = &consumer.forbidden {
@@ -178,10 +179,10 @@ fn field_condition(field: &RefField) -> String {
     let custom = |r: &str| {
         if field.has_api_version {
             format!(
-                "!({r}.kind in [{kinds}] && (!has({r}.apiVersion) || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/')))"
+                "has({r}.kind) && !({r}.kind in [{kinds}] && (!has({r}.apiVersion) || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/')))"
             )
         } else {
-            format!("!({r}.kind in [{kinds}])")
+            format!("has({r}.kind) && !({r}.kind in [{kinds}])")
         }
     };
     let test = match field.shape {
@@ -240,9 +241,63 @@ mod tests {
         let ag = find("source.extensions.fluxcd.io", "artifactgenerators").unwrap();
         let cel = match_condition(ag);
         assert!(
-            cel.contains("object.spec.sources.exists(r, !(r.kind in ["),
+            cel.contains("object.spec.sources.exists(r, has(r.kind) && !(r.kind in ["),
             "{cel}"
         );
         assert!(!cel.contains("apiVersion"), "{cel}");
+    }
+
+    /// The webhook configurations shipped in webhook-config/ carry one entry
+    /// per consumer, with the rules and matchConditions of this table.
+    #[test]
+    fn shipped_webhook_configurations_follow_the_table() {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        for file in [
+            "webhook-config/mutating-webhook.yaml",
+            "webhook-config/local/mutating-webhook.yaml",
+        ] {
+            let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config: MutatingWebhookConfiguration = serde_yaml::from_str(&text).unwrap();
+            let webhooks = config.webhooks.unwrap();
+            assert_eq!(webhooks.len(), CONSUMERS.len(), "{file}");
+            for consumer in &CONSUMERS {
+                let webhook = webhooks
+                    .iter()
+                    .find(|w| w.name == format!("{}.openflux.dev", consumer.resource))
+                    .unwrap_or_else(|| panic!("{file}: no webhook for {}", consumer.kind));
+                let rules = webhook.rules.as_ref().unwrap();
+                assert_eq!(rules.len(), 1);
+                let rule = &rules[0];
+                assert_eq!(
+                    rule.api_groups.as_deref(),
+                    Some(&[consumer.group.to_string()][..])
+                );
+                assert_eq!(
+                    rule.api_versions.as_deref(),
+                    Some(&[consumer.version.to_string()][..])
+                );
+                assert_eq!(
+                    rule.resources.as_deref(),
+                    Some(&[consumer.resource.to_string()][..])
+                );
+                assert_eq!(
+                    rule.operations.as_deref(),
+                    Some(&["CREATE".to_string(), "UPDATE".to_string()][..])
+                );
+                let conditions = webhook.match_conditions.as_ref().unwrap();
+                assert_eq!(conditions.len(), 1);
+                assert_eq!(
+                    conditions[0].expression,
+                    match_condition(consumer),
+                    "{file}"
+                );
+                assert_eq!(webhook.side_effects, "None");
+                assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+                assert_eq!(webhook.timeout_seconds, Some(5));
+                assert_eq!(webhook.admission_review_versions, vec!["v1"]);
+                assert!(webhook.client_config.ca_bundle.is_none());
+            }
+        }
     }
 }

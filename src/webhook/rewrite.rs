@@ -433,14 +433,14 @@ impl<'a> Decider<'a> {
                     };
                     Err(Decision::Deny {
                         message: format!(
-                            "openflux: {} {namespace}/{} has {} Artifacts ({}), so {} in {} is ambiguous; \
+                            "openflux: {} {namespace}/{} has {} Artifacts ({}), so {} of {} is ambiguous; \
                              reference one of them with {how} and its name",
                             r.kind,
                             r.name,
                             many.len(),
                             many.join(", "),
-                            self.display,
-                            found.label
+                            found.label,
+                            self.display
                         ),
                     })
                 }

@@ -371,7 +371,12 @@ fn ambiguous_kind_is_denied_with_the_candidates() {
 fn a_source_with_several_artifacts_is_denied_listing_them() {
     let review = kustomization(json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "multi"}));
     let message = denial(&decide_review(&review)).to_string();
-    assert!(message.contains("2 Artifacts (m1, m2)"), "{message}");
+    assert!(
+        message.contains(
+            "2 Artifacts (m1, m2), so spec.sourceRef of Kustomization apps/web is ambiguous"
+        ),
+        "{message}"
+    );
     assert!(
         message.contains("apiVersion: openflux.dev/v1alpha1, kind: Artifact"),
         "{message}"
