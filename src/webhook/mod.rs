@@ -210,4 +210,19 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["openflux", "--tls-cert-file", "/c/tls.crt"]).is_err());
     }
+
+    /// `openflux run` spawns the webhook beside the controllers.
+    #[test]
+    fn serve_can_be_spawned() {
+        fn spawnable<T: Future + Send + 'static>(_: &T) {}
+        let cli = Cli::try_parse_from(["openflux"]).unwrap();
+        let future = serve(
+            cli.webhook,
+            None,
+            Arc::new(RwLock::new(OwnerIndex::new())),
+            WebhookMetrics::default(),
+            async {},
+        );
+        spawnable(&future);
+    }
 }
