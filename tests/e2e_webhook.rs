@@ -276,13 +276,19 @@ async fn custom_source(
 }
 
 /// Puts a tarball of `files` on the static file server; the Artifact spec
-/// pointing at it.
-fn publish(fx: &support::Fixtures, ns: &str, name: &str, files: &[(&str, &str)]) -> Value {
+/// pointing at it, with revision `<version>@<digest>`.
+fn publish(
+    fx: &support::Fixtures,
+    ns: &str,
+    name: &str,
+    version: &str,
+    files: &[(&str, &str)],
+) -> Value {
     let (bytes, digest) = tarball(files);
     let path = format!("artifacts/{ns}/{name}-{}.tar.gz", &digest[7..19]);
     let url = fx.put_file(&path, &bytes).expect("publishing the tarball");
     json!({
-        "url": url, "revision": format!("v1@{digest}"), "digest": digest, "size": bytes.len(),
+        "url": url, "revision": format!("{version}@{digest}"), "digest": digest, "size": bytes.len(),
     })
 }
 
@@ -374,7 +380,13 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
     let ns = env.namespace("wh-rewrite").await;
     let n = ns.name().to_string();
     let (of, _webhook) = start(&env, &n, &[]).await;
-    let spec = publish(fx, &n, "web", &[("configmap.yaml", &configmap("one"))]);
+    let spec = publish(
+        fx,
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &configmap("one"))],
+    );
     custom_source(&env, TEST_SOURCE, &n, "web", &["web"], &spec).await;
     wait_for("the export of the custom source", TIMEOUT, || async {
         let ea = get(&env, SOURCE, "ExternalArtifact", &n, "testsource-web").await?;
@@ -466,7 +478,13 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
         Some(&json!("testsource-later"))
     );
 
-    let spec = publish(fx, &n, "later", &[("configmap.yaml", &configmap("late"))]);
+    let spec = publish(
+        fx,
+        &n,
+        "later",
+        "v1",
+        &[("configmap.yaml", &configmap("late"))],
+    );
     custom_source(&env, TEST_SOURCE, &n, "later", &["later"], &spec).await;
     // Flux retries a missing source on its own; ask now to keep the test short.
     support::request_reconcile(&env.client, KUSTOMIZE, "Kustomization", &n, "later")
@@ -491,10 +509,12 @@ async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
     let ns = env.namespace("wh-helm").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = start(&env, &n, &[]).await;
+    // helm-controller takes the chart version from the artifact revision.
     let spec = publish(
         fx,
         &n,
         "chart",
+        "0.1.0",
         &[
             ("hello/Chart.yaml", "apiVersion: v2\nname: hello\nversion: 0.1.0\n"),
             ("hello/values.yaml", "value: default\n"),
