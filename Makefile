@@ -9,15 +9,10 @@ TEST_THREADS ?= 2
 
 .PHONY: demo test lint cluster-up cluster-down cluster-status
 
-demo: cluster-up
-	@echo
-	@echo "The local control plane is running. To use it from this shell:"
-	@echo '  eval "$$($(CLUSTER) env)"'
-	@echo '  "$$OPENFLUX_E2E_KUBECTL" get crds'
-	@echo
-	@$(CLUSTER) env
-	@echo
-	@echo "Stop it with: make cluster-down"
+# The demo: local control plane, openflux and the HttpSource controller, a
+# custom source flowing into an unchanged Kustomization (see e2e/demo).
+demo:
+	e2e/demo
 
 test: lint cluster-up
 	$(CARGO) test --all-targets -- --test-threads=$(TEST_THREADS)
