@@ -4,6 +4,7 @@
 //! it is responsible for.
 
 pub mod api;
+pub mod certs;
 pub mod controller;
 pub mod export;
 pub mod gate;
@@ -13,3 +14,4 @@ pub mod mirror;
 pub mod naming;
 pub mod run;
 pub mod telemetry;
+pub mod webhook;

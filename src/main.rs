@@ -19,12 +19,22 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args, Debug)]
+struct RunCmd {
+    #[command(flatten)]
+    run: openflux::run::RunArgs,
+    #[command(flatten)]
+    webhook: openflux::webhook::WebhookArgs,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the controllers (mirror, export) and the admission webhook.
-    Run(openflux::run::RunArgs),
+    Run(Box<RunCmd>),
     /// Print the CustomResourceDefinitions of openflux's API as YAML.
     Crds,
+    /// Write a CA and a serving certificate for the webhook.
+    Certs(openflux::certs::CertsArgs),
 }
 
 async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
@@ -45,10 +55,27 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             print!("{}", openflux::api::crd_yaml()?);
             Ok(())
         }
-        Command::Run(args) => {
+        Command::Certs(args) => openflux::certs::run(args),
+        Command::Run(cmd) => {
+            let RunCmd { run: args, webhook } = *cmd;
             openflux::telemetry::init_logging(&args.log_level, args.log_encoding == "json")?;
             let client = client(cli.kubeconfig).await?;
-            openflux::run::run(args, client, |_shared| async { Ok(()) }).await
+            openflux::run::run(args, client, move |shared| {
+                let metrics = openflux::webhook::register(
+                    &mut shared
+                        .registry
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
+                openflux::webhook::serve(
+                    webhook,
+                    Some(shared.client.clone()),
+                    shared.index.clone(),
+                    metrics,
+                    shared.shutdown.clone().cancelled_owned(),
+                )
+            })
+            .await
         }
     }
 }

@@ -241,8 +241,16 @@ impl Mirror {
         // keeping nothing else keeps memory flat with thousands of sources.
         let writer = reflector::store::Writer::<DynamicObject>::new(self.resource.clone());
         let reader = writer.as_reader();
+        // Readiness follows the watch itself: the store's wait_until_ready
+        // wakes only one waiter, and the controller is already one.
         let stream = watcher(sources, watcher::Config::default().any_semantic())
             .default_backoff()
+            .inspect(move |event| {
+                if let Ok(watcher::Event::InitDone) = event {
+                    tracing::debug!(kind, "source watch synced");
+                    synced.synced();
+                }
+            })
             .modify(slim)
             .reflect(writer)
             .applied_objects();
@@ -250,13 +258,6 @@ impl Mirror {
             .with_config(ControllerConfig::default().concurrency(concurrency))
             .reconcile_on(triggers)
             .graceful_shutdown_on(shutdown);
-        let store = controller.store();
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                tracing::info!(kind, "source watch synced");
-                synced.synced();
-            }
-        });
         controller
             .run(
                 move |source, ctx| reconcile(source, ctx, kind, ar.clone()),

@@ -161,6 +161,7 @@ where
     let extra = tokio::spawn(extra(&shared));
 
     let (store, writer) = reflector::store::<Artifact>();
+    let (artifacts_synced_tx, artifacts_synced) = tokio::sync::watch::channel(false);
     let hub = Arc::new(Hub::default());
     let artifacts: Api<Artifact> = if args.watch_all_namespaces {
         Api::all(client.clone())
@@ -175,6 +176,7 @@ where
         hub.clone(),
         metrics.clone(),
         readiness.watch_started(),
+        artifacts_synced_tx,
         shutdown.clone(),
     ));
 
@@ -228,6 +230,7 @@ where
             ctx.clone(),
             hub.clone(),
             readiness.clone(),
+            artifacts_synced.clone(),
             shutdown.clone(),
         ));
         match &elector {
@@ -312,6 +315,7 @@ async fn watch_artifacts(
     hub: Arc<Hub>,
     metrics: Metrics,
     mut synced: telemetry::SyncGuard,
+    synced_tx: tokio::sync::watch::Sender<bool>,
     shutdown: CancellationToken,
 ) {
     let mut events = watcher(api, watcher::Config::default().any_semantic())
@@ -346,6 +350,7 @@ async fn watch_artifacts(
             watcher::Event::Delete(a) => hub.dispatch(a, true, &store, &index),
             watcher::Event::InitDone => {
                 synced.synced();
+                synced_tx.send_replace(true);
                 // After a restart, look at everything once more.
                 for a in store.state() {
                     hub.dispatch(&a, false, &store, &index);
@@ -364,31 +369,11 @@ async fn run_controllers(
     ctx: Arc<Context>,
     hub: Arc<Hub>,
     readiness: Arc<Readiness>,
+    artifacts_synced: tokio::sync::watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    let (export_tx, export_rx) = unbounded();
-    if let Ok(mut e) = hub.export.write() {
-        *e = Some(export_tx.clone());
-    }
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(crate::export::run(
-        ctx.clone(),
-        ctx.artifacts.clone(),
-        export_rx,
-        args.concurrent,
-        shutdown.clone().cancelled_owned(),
-    )));
-    // Everything already known gets a first look.
-    let store = ctx.artifacts.clone();
-    let first_look = hub.clone();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            for a in store.state() {
-                first_look.send_export(a);
-            }
-        }
-    });
-
+    let mut export_started = false;
     let mut started: HashMap<&'static str, ()> = HashMap::new();
     let mut reported_missing: HashMap<&'static str, ()> = HashMap::new();
     loop {
@@ -402,6 +387,12 @@ async fn run_controllers(
                     tracing::info!(kind = kind.kind, version = %ar.version, "mirroring source kind");
                     if kind.kind == "ExternalArtifact" {
                         start_export_watch(&args, &ctx, &hub, &ar, &readiness, &shutdown);
+                        if export_started {
+                            // The export target appeared late: look again.
+                            for a in ctx.artifacts.state() {
+                                hub.send_export(a);
+                            }
+                        }
                     }
                     let (tx, rx) = unbounded();
                     if let Ok(mut m) = hub.mirrors.write() {
@@ -432,6 +423,19 @@ async fn run_controllers(
                 }
             }
         }
+        // The export controller starts once the first discovery pass found
+        // (or not) the export target, so nothing waits on a stale answer.
+        if !export_started {
+            export_started = true;
+            start_export_controller(
+                &args,
+                &ctx,
+                &hub,
+                artifacts_synced.clone(),
+                &shutdown,
+                &mut tasks,
+            );
+        }
         if started.len() == SOURCE_KINDS.len() {
             break;
         }
@@ -443,6 +447,38 @@ async fn run_controllers(
     for t in tasks {
         let _ = t.await;
     }
+}
+
+/// Starts the export controller and gives every known Artifact a first look
+/// once the Artifact watch has synced.
+fn start_export_controller(
+    args: &RunArgs,
+    ctx: &Arc<Context>,
+    hub: &Arc<Hub>,
+    mut artifacts_synced: tokio::sync::watch::Receiver<bool>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) {
+    let (export_tx, export_rx) = unbounded();
+    if let Ok(mut e) = hub.export.write() {
+        *e = Some(export_tx);
+    }
+    tasks.push(tokio::spawn(crate::export::run(
+        ctx.clone(),
+        ctx.artifacts.clone(),
+        export_rx,
+        args.concurrent,
+        shutdown.clone().cancelled_owned(),
+    )));
+    let store = ctx.artifacts.clone();
+    let first_look = hub.clone();
+    tokio::spawn(async move {
+        if artifacts_synced.wait_for(|synced| *synced).await.is_ok() {
+            for a in store.state() {
+                first_look.send_export(a);
+            }
+        }
+    });
 }
 
 /// Watches the objects openflux exported, so the export controller sees

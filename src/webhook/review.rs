@@ -1,0 +1,260 @@
+//! The AdmissionReview wire format (`admission.k8s.io/v1`): reading a request
+//! from bytes and writing the answer for a [`Decision`].
+//!
+//! Only the fields openflux reads are parsed; objects stay plain JSON, so a
+//! JSON patch is computed against exactly what the API server sent.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::rewrite::Decision;
+
+/// `apiVersion` of the AdmissionReview openflux speaks.
+pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
+/// `kind` of an AdmissionReview.
+pub const ADMISSION_KIND: &str = "AdmissionReview";
+
+/// What an admission request is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+/// A resource as the API server names it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct GroupVersionResource {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+}
+
+/// The request of an AdmissionReview, as far as openflux reads it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    pub uid: String,
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub object: Option<Value>,
+    #[serde(default)]
+    pub old_object: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+/// Why a body could not be read as an admission request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// Nothing identifies the request, so no AdmissionReview can answer it.
+    #[error("{0}")]
+    Unanswerable(String),
+    /// The request has a uid but is malformed; answered with a 400 status.
+    #[error("{message}")]
+    Invalid { uid: String, message: String },
+}
+
+/// Reads an AdmissionReview request from a body.
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
+    let review: Value = serde_json::from_slice(body)
+        .map_err(|e| ReviewError::Unanswerable(format!("body is not JSON: {e}")))?;
+    let Some(fields) = review.as_object() else {
+        return Err(ReviewError::Unanswerable(
+            "body is not a JSON object".to_string(),
+        ));
+    };
+    let uid = fields
+        .get("request")
+        .and_then(|r| r.get("uid"))
+        .and_then(Value::as_str)
+        .filter(|uid| !uid.is_empty())
+        .map(str::to_string);
+    let invalid = |message: String| match &uid {
+        Some(uid) => ReviewError::Invalid {
+            uid: uid.clone(),
+            message,
+        },
+        None => ReviewError::Unanswerable(message),
+    };
+    let api_version = fields.get("apiVersion").and_then(Value::as_str);
+    let kind = fields.get("kind").and_then(Value::as_str);
+    if api_version != Some(ADMISSION_API_VERSION) || kind != Some(ADMISSION_KIND) {
+        return Err(invalid(format!(
+            "openflux reads {ADMISSION_KIND} {ADMISSION_API_VERSION} only (got kind {:?}, apiVersion {:?}); \
+             set admissionReviewVersions: [v1] in the webhook configuration",
+            kind.unwrap_or(""),
+            api_version.unwrap_or("")
+        )));
+    }
+    let Some(request) = fields.get("request").filter(|r| r.is_object()) else {
+        return Err(invalid("the AdmissionReview has no request".to_string()));
+    };
+    if uid.is_none() {
+        return Err(invalid(
+            "the AdmissionReview request has no uid".to_string(),
+        ));
+    }
+    AdmissionRequest::deserialize(request)
+        .map_err(|e| invalid(format!("the AdmissionReview request is malformed: {e}")))
+}
+
+/// The AdmissionReview answering request `uid` with `decision`.
+pub fn response(uid: &str, decision: &Decision) -> Value {
+    let mut response = json!({ "uid": uid, "allowed": true });
+    match decision {
+        Decision::Unchanged => {}
+        Decision::Rewrite { patch, warnings } => {
+            // The patch is plain data built by openflux; serializing it cannot fail.
+            let bytes = serde_json::to_vec(patch).unwrap_or_default();
+            response["patchType"] = json!("JSONPatch");
+            response["patch"] = json!(k8s_openapi::ByteString(bytes));
+            if !warnings.is_empty() {
+                response["warnings"] = json!(warnings);
+            }
+        }
+        Decision::Deny { message } => {
+            response["allowed"] = json!(false);
+            response["status"] = status(403, "Forbidden", message);
+        }
+        Decision::Error { code, message } => {
+            response["allowed"] = json!(false);
+            let reason = match code {
+                400 => "BadRequest",
+                503 => "ServiceUnavailable",
+                _ => "InternalError",
+            };
+            response["status"] = status(*code, reason, message);
+        }
+    }
+    json!({
+        "apiVersion": ADMISSION_API_VERSION,
+        "kind": ADMISSION_KIND,
+        "response": response,
+    })
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REVIEW: &str = r#"{
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "kustomize.toolkit.fluxcd.io", "version": "v1", "kind": "Kustomization"},
+            "resource": {"group": "kustomize.toolkit.fluxcd.io", "version": "v1", "resource": "kustomizations"},
+            "name": "app", "namespace": "apps", "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {"metadata": {"name": "app"}, "spec": {}},
+            "oldObject": null, "dryRun": true
+        }
+    }"#;
+
+    #[test]
+    fn parses_a_v1_review() {
+        let req = parse(REVIEW.as_bytes()).unwrap();
+        assert_eq!(req.uid, "u-1");
+        assert_eq!(req.operation, Operation::Create);
+        assert_eq!(req.resource.resource, "kustomizations");
+        assert_eq!(req.namespace.as_deref(), Some("apps"));
+        assert_eq!(req.old_object, None);
+        assert_eq!(req.dry_run, Some(true));
+    }
+
+    #[test]
+    fn malformed_bodies_are_told_apart_by_uid() {
+        assert!(matches!(
+            parse(b"not json"),
+            Err(ReviewError::Unanswerable(_))
+        ));
+        assert!(matches!(parse(b"[]"), Err(ReviewError::Unanswerable(_))));
+        assert!(matches!(
+            parse(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
+            Err(ReviewError::Unanswerable(m)) if m.contains("no request")
+        ));
+        assert!(matches!(
+            parse(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"CREATE"}}"#),
+            Err(ReviewError::Unanswerable(m)) if m.contains("no uid")
+        ));
+        let v1beta1 = REVIEW.replace("admission.k8s.io/v1\"", "admission.k8s.io/v1beta1\"");
+        assert!(matches!(
+            parse(v1beta1.as_bytes()),
+            Err(ReviewError::Invalid { uid, message }) if uid == "u-1" && message.contains("admissionReviewVersions")
+        ));
+        let bad_op = REVIEW.replace("\"CREATE\"", "\"PATCH\"");
+        assert!(matches!(
+            parse(bad_op.as_bytes()),
+            Err(ReviewError::Invalid { uid, .. }) if uid == "u-1"
+        ));
+    }
+
+    #[test]
+    fn answers_carry_uid_patch_and_status() {
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "replace", "path": "/spec/x", "value": 1}
+        ]))
+        .unwrap();
+        let out = response(
+            "u-1",
+            &Decision::Rewrite {
+                patch,
+                warnings: vec!["w".into()],
+            },
+        );
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(out["response"]["uid"], "u-1");
+        assert_eq!(out["response"]["allowed"], true);
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
+        // base64 of the compact patch
+        let b64 = out["response"]["patch"].as_str().unwrap();
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(json!(b64)).unwrap();
+        assert_eq!(
+            String::from_utf8(bytes.0).unwrap(),
+            r#"[{"op":"replace","path":"/spec/x","value":1}]"#
+        );
+        assert_eq!(out["response"]["warnings"], json!(["w"]));
+
+        let out = response(
+            "u-2",
+            &Decision::Deny {
+                message: "no".into(),
+            },
+        );
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 403);
+        assert_eq!(out["response"]["status"]["message"], "no");
+
+        let out = response(
+            "u-3",
+            &Decision::Error {
+                code: 400,
+                message: "bad".into(),
+            },
+        );
+        assert_eq!(out["response"]["status"]["code"], 400);
+        assert_eq!(out["response"]["status"]["reason"], "BadRequest");
+
+        let out = response("u-4", &Decision::Unchanged);
+        assert_eq!(out["response"], json!({"uid": "u-4", "allowed": true}));
+    }
+}
