@@ -107,9 +107,8 @@ pub async fn delete_namespace(
     let timeout = timeout?;
     let api: Api<Namespace> = Api::all(env.client.clone());
     loop {
-        match api.get_opt(&name).await {
-            Ok(None) => return Some(started.elapsed()),
-            Ok(Some(_)) | Err(_) => {}
+        if let Ok(None) = api.get_opt(&name).await {
+            return Some(started.elapsed());
         }
         if started.elapsed() >= timeout {
             eprintln!(

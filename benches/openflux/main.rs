@@ -23,11 +23,13 @@ mod openflux_process;
 
 mod cluster;
 mod e2e;
+mod loadgen;
 mod mirror;
 mod observe;
 mod process;
 mod report;
 mod stats;
+mod webhook;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +55,7 @@ usage: cargo bench --bench openflux -- [options]
   --webhook-seconds S     measured seconds per webhook run (default 5)
   --webhook-rate R        requests per second of the latency runs (default 1000)
   --connections N         load generator connections (default 4)
+  --webhook-log-level L   log filter of the webhook, as openflux run --log-level (default info)
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +96,8 @@ pub struct WebhookParams {
     pub connections: usize,
     /// Rounds of each measurement, alternating baseline and openflux.
     pub rounds: usize,
+    /// Log filter the webhook runs with (`openflux run --log-level`).
+    pub log_level: String,
 }
 
 /// What `cargo test` does with this binary.
@@ -140,6 +145,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             rate: 1000.0,
             connections: 4,
             rounds: if quick { 1 } else { 2 },
+            log_level: "info".to_string(),
         },
     };
     let mut mode = TestMode::Run;
@@ -173,6 +179,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             "--webhook-seconds" => o.webhook.seconds = value(&mut it)?.parse()?,
             "--webhook-rate" => o.webhook.rate = value(&mut it)?.parse()?,
             "--connections" => o.webhook.connections = value(&mut it)?.parse()?,
+            "--webhook-log-level" => o.webhook.log_level = value(&mut it)?,
             "-h" | "--help" if bench => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -218,7 +225,10 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut report = Report::default();
+    let mut report = Report {
+        judged: !options.quick,
+        ..Report::default()
+    };
     let machine = report::machine();
     report::local_versions(&mut report.versions);
     if options.quick {
@@ -227,7 +237,7 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
 
     if options.sections.contains(&Section::Webhook) {
-        if let Err(e) = run_webhook(&options.webhook, &mut report) {
+        if let Err(e) = webhook::run(&options.webhook, &mut report) {
             eprintln!("webhook benchmark failed: {e:#}");
             failed.push(format!("webhook: {e:#}"));
         }
@@ -327,12 +337,4 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
-}
-
-fn run_webhook(params: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
-    report.note(format!(
-        "webhook benchmark not run ({} s per run asked): this build has no webhook module",
-        params.seconds
-    ));
-    Ok(())
 }

@@ -27,6 +27,8 @@ impl Openflux {
     pub fn spawn(env: &Env, name: &str, args: &[String]) -> anyhow::Result<Self> {
         let metrics_addr = free_addr();
         let health_addr = free_addr();
+        // Every `openflux run` serves the webhook too: keep it on loopback.
+        let webhook_addr = free_addr();
         let log = std::env::temp_dir().join(format!("{}.log", unique_name(name)));
         let out = std::fs::File::create(&log).context("creating the openflux log")?;
         let err = out.try_clone()?;
@@ -34,6 +36,7 @@ impl Openflux {
         cmd.arg("run")
             .arg(format!("--metrics-addr={metrics_addr}"))
             .arg(format!("--health-addr={health_addr}"))
+            .arg(format!("--webhook-addr={webhook_addr}"))
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
@@ -146,8 +149,11 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// Label names and values of a sample.
+type Labels = Vec<(String, String)>;
+
 /// The name, labels and value of one sample line of the Prometheus text format.
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<(&str, Labels, f64)> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;

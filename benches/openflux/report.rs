@@ -75,6 +75,8 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Raw samples behind the figures, by what they are.
     pub samples: BTreeMap<String, Vec<f64>>,
+    /// Whether figures are judged against their targets (not in quick mode).
+    pub judged: bool,
 }
 
 impl Report {
@@ -123,6 +125,7 @@ impl Report {
                     .map(|t| t.text.clone())
                     .unwrap_or_default(),
                 match &f.target {
+                    Some(_) if !self.judged => "(not judged)".to_string(),
                     Some(t) if t.met => "met".to_string(),
                     Some(_) => "MISSED".to_string(),
                     None => String::new(),

@@ -13,7 +13,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    // The epsilon keeps float error from pushing an exact rank up by one.
+    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
@@ -47,6 +48,13 @@ pub fn median(samples: &[f64]) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+pub fn mean(samples: &[f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.iter().sum::<f64>() / samples.len() as f64
 }
 
 /// Smoke checks of the statistics, run with the bench in test mode.
