@@ -229,6 +229,7 @@ fn main() -> ExitCode {
         judged: !options.quick,
         ..Report::default()
     };
+    let started_at = report::date();
     let machine = report::machine();
     report::local_versions(&mut report.versions);
     if options.quick {
@@ -289,7 +290,7 @@ fn main() -> ExitCode {
     println!();
     println!(
         "openflux benchmarks, {} ({} mode)",
-        report::date(),
+        started_at,
         if options.quick { "quick" } else { "full" }
     );
     println!(
@@ -313,7 +314,7 @@ fn main() -> ExitCode {
     }
     if let Some(path) = &options.json {
         let mode = if options.quick { "quick" } else { "full" };
-        let json = report.to_json(mode, &machine);
+        let json = report.to_json(&started_at, mode, &machine);
         let written = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

@@ -92,6 +92,33 @@ async fn write_status(
     Ok(())
 }
 
+/// Time to server-side apply `n` objects made by `make(name, i)` with
+/// `concurrency` requests in flight.
+async fn timed_applies(
+    api: &Api<DynamicObject>,
+    n: usize,
+    concurrency: usize,
+    make: impl Fn(&str, usize) -> Value,
+) -> anyhow::Result<Duration> {
+    let make = &make;
+    let started = Instant::now();
+    stream::iter(0..n)
+        .map(|i| async move {
+            let name = format!("plain-{i:05}");
+            api.patch(
+                &name,
+                &PatchParams::apply(MANAGER),
+                &Patch::Apply(make(&name, i)),
+            )
+            .await
+            .with_context(|| format!("applying {name}"))
+        })
+        .buffer_unordered(concurrency)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    Ok(started.elapsed())
+}
+
 pub async fn run(env: &Env, p: &Params, report: &mut Report) -> anyhow::Result<()> {
     cluster::install_crds(env).await?;
     report.param("mirror.sizes", &p.sizes);
@@ -100,15 +127,20 @@ pub async fn run(env: &Env, p: &Params, report: &mut Report) -> anyhow::Result<(
     report.param("mirror.concurrent", p.concurrent);
     for &n in &p.sizes {
         let ns = env.namespace("bench-mirror").await;
-        let name = ns.name().to_string();
-        let result = one_size(env, p, n, &name, report).await;
+        let plain = env.namespace("bench-plain").await;
+        let (name, plain_name) = (ns.name().to_string(), plain.name().to_string());
+        let result = one_size(env, p, n, &name, &plain_name, report).await;
         let cleanup = p
             .wait_cleanup
             .then(|| Duration::from_secs(120 + n as u64 / 20));
-        if let Some(took) = cluster::delete_namespace(env, ns, cleanup).await {
+        let (a, b) = futures::join!(
+            cluster::delete_namespace(env, ns, cleanup),
+            cluster::delete_namespace(env, plain, cleanup)
+        );
+        if let (Some(a), Some(b)) = (a, b) {
             eprintln!(
-                "mirror N={n}: namespace deleted in {:.1}s",
-                took.as_secs_f64()
+                "mirror N={n}: namespaces deleted in {:.1}s",
+                a.max(b).as_secs_f64()
             );
         }
         result.with_context(|| format!("mirror benchmark with N={n}"))?;
@@ -121,6 +153,7 @@ async fn one_size(
     p: &Params,
     n: usize,
     ns: &str,
+    plain_ns: &str,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let section = format!("mirror N={n}");
@@ -128,33 +161,41 @@ async fn one_size(
     eprintln!("{section}: namespace {ns}");
 
     // Baseline: the API server accepting N plain writes at openflux's concurrency.
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(client.clone(), ns);
-    let started = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let configmaps = configmaps.clone();
-            async move {
-                let name = format!("plain-{i:05}");
-                let cm = json!({
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "openflux-bench"}},
-                    "data": {"revision": format!("main@sha1:{i:040x}")},
-                });
-                configmaps
-                    .patch(&name, &PatchParams::apply(MANAGER), &Patch::Apply(cm))
-                    .await
-                    .with_context(|| format!("applying ConfigMap {name}"))
-            }
+    let configmaps = cluster::api(
+        client,
+        ns,
+        &cluster::resource("v1", "ConfigMap", "configmaps"),
+    );
+    let baseline_sync = timed_applies(&configmaps, n, p.concurrent, |name, i| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
+            "data": {"revision": format!("main@sha1:{i:040x}")},
         })
-        .buffer_unordered(p.concurrent)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
-    let baseline_sync = started.elapsed();
+    })
+    .await?;
     eprintln!(
         "{section}: baseline, {n} ConfigMap applies at concurrency {}: {:.2}s",
         p.concurrent,
         baseline_sync.as_secs_f64()
+    );
+    // For comparison: the same number of Artifacts written by a plain
+    // client, in a namespace openflux does not watch.
+    let plain_artifacts = cluster::api(client, plain_ns, &cluster::artifacts());
+    let artifact_sync = timed_applies(&plain_artifacts, n, p.concurrent, |name, i| {
+        let a = artifact(plain_ns, name, i as u64 + 1);
+        json!({
+            "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
+            "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
+                     "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
+        })
+    })
+    .await?;
+    eprintln!(
+        "{section}: {n} Artifact applies by a plain client at concurrency {}: {:.2}s",
+        p.concurrent,
+        artifact_sync.as_secs_f64()
     );
 
     // The sources, suspended, with an artifact in their status.
@@ -210,6 +251,7 @@ async fn one_size(
         format!("--namespace={ns}"),
         format!("--concurrent={}", p.concurrent),
     ];
+    let api_at_start = process::apiserver_metrics(client).await?;
     let mut of = Openflux::spawn(env, &format!("bench-mirror-{n}"), &args)?;
     let sync_timeout = Duration::from_secs(120) + Duration::from_millis(40 * n as u64);
     artifacts
@@ -237,6 +279,11 @@ async fn one_size(
     // Propagation of changes, one at a time.
     let of_before = of.metrics().await?;
     let api_before = process::apiserver_metrics(client).await?;
+    // What the initial sync cost per source, for the record.
+    let sync_writes = (process::apiserver_writes(&api_before, "openflux.dev", "artifacts")
+        - process::apiserver_writes(&api_at_start, "openflux.dev", "artifacts"))
+        / n as f64;
+    let sync_reconciles = process::mirror_reconciles(&of_before) / n as f64;
     let mut via_openflux = Vec::with_capacity(p.samples);
     let mut via_source = Vec::with_capacity(p.samples);
     let mut revision = 1_000_000u64;
@@ -334,6 +381,27 @@ async fn one_size(
         "initial sync: start to all Artifacts Ready",
         "s",
         ready.as_secs_f64(),
+    ));
+    report.push(
+        Figure::new(
+            &section,
+            "initial sync vs. N Artifact applies by a plain client",
+            "s",
+            present.as_secs_f64(),
+        )
+        .baseline(artifact_sync.as_secs_f64()),
+    );
+    report.push(Figure::new(
+        &section,
+        "initial sync: API writes per source (API server)",
+        "writes",
+        sync_writes,
+    ));
+    report.push(Figure::new(
+        &section,
+        "initial sync: mirror reconciles per source",
+        "reconciles",
+        sync_reconciles,
     ));
     let of_lat = summarize(via_openflux.clone());
     let src_lat = summarize(via_source.clone());

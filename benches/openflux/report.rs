@@ -164,9 +164,9 @@ impl Report {
     }
 
     /// The run as JSON.
-    pub fn to_json(&self, mode: &str, machine: &Value) -> Value {
+    pub fn to_json(&self, date: &str, mode: &str, machine: &Value) -> Value {
         json!({
-            "date": date(),
+            "date": date,
             "mode": mode,
             "machine": machine,
             "versions": self.versions,
