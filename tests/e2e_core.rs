@@ -439,3 +439,52 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
     );
     ns.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_writes_and_a_standby_takes_over() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("leader").await;
+    let n = ns.name().to_string();
+    let mut first = start_openflux(&env, &n).await;
+    let second = start_openflux(&env, &n).await;
+    let leaders = |a: Option<f64>, b: Option<f64>| a.unwrap_or(0.0) + b.unwrap_or(0.0);
+    let (a, b) = (
+        first.metric("openflux_leader ").await,
+        second.metric("openflux_leader ").await,
+    );
+    assert_eq!(leaders(a, b), 1.0, "exactly one replica leads: {a:?} {b:?}");
+    assert_eq!(a, Some(1.0), "the replica that started first leads");
+
+    // The leader steps down on SIGTERM and gives the Lease up.
+    assert!(
+        first.stop().is_some_and(|s| s.success()),
+        "clean exit on SIGTERM"
+    );
+    wait_for("the standby to take the Lease", TIMEOUT, || async {
+        (second.metric("openflux_leader ").await == Some(1.0)).then_some(())
+    })
+    .await;
+    // ... and runs the controllers: a new Artifact is exported.
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "after-failover", "namespace": n},
+        "spec": {"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"},
+    }))
+    .await
+    .expect("writing the Artifact");
+    wait_for("the new leader to export", TIMEOUT, || async {
+        get(
+            &env,
+            SOURCE,
+            "ExternalArtifact",
+            &n,
+            "artifact-after-failover",
+        )
+        .await
+        .map(|_| ())
+    })
+    .await;
+    drop(second);
+    ns.delete().await;
+}
