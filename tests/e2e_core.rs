@@ -18,46 +18,13 @@ const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
 
 async fn install_crds(env: &Env) {
-    let crds = include_str!("../manifests/crds/artifacts.yaml");
-    env.apply_yaml(crds)
-        .await
-        .expect("installing the Artifact CRD");
-    env.apply(&json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "testsources.e2e.openflux.dev"},
-        "spec": {
-            "group": "e2e.openflux.dev",
-            "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-            }]
-        }
-    }))
-    .await
-    .expect("installing the test source CRD");
-    for name in ["artifacts.openflux.dev", "testsources.e2e.openflux.dev"] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            let established = crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True");
-            established.then_some(())
-        })
-        .await;
-    }
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, "e2e.openflux.dev").await;
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
+    )
+    .await;
 }
 
 async fn start_openflux(env: &Env, ns: &str) -> Openflux {

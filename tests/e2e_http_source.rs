@@ -366,9 +366,7 @@ impl Drop for Controller {
 /// The CRDs: openflux's Artifact (committed manifest) and the HttpSource
 /// CRD as the binary prints it.
 async fn install_crds(env: &Env) {
-    env.apply_yaml(include_str!("../manifests/crds/artifacts.yaml"))
-        .await
-        .expect("installing the Artifact CRD");
+    support::install_artifact_crd(env).await;
     let out = Command::new(binary())
         .arg("crds")
         .output()
@@ -377,26 +375,11 @@ async fn install_crds(env: &Env) {
     env.apply_yaml(&String::from_utf8_lossy(&out.stdout))
         .await
         .expect("installing the HttpSource CRD");
-    for name in ["artifacts.openflux.dev", "httpsources.sources.openflux.dev"] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-                .then_some(())
-        })
-        .await;
-    }
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "httpsources.sources.openflux.dev"],
+    )
+    .await;
 }
 
 /// The shipped ClusterRole, a ServiceAccount in `ns` bound to it by a

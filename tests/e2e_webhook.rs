@@ -29,51 +29,19 @@ const ANNOTATION: &str = "openflux.dev/source-ref";
 const LOCAL_WEBHOOK: &str = include_str!("../webhook-config/local/mutating-webhook.yaml");
 
 async fn install_crds(env: &Env) {
-    env.apply_yaml(include_str!("../manifests/crds/artifacts.yaml"))
-        .await
-        .expect("installing the Artifact CRD");
+    support::install_artifact_crd(env).await;
     for group in ["e2e.openflux.dev", "alt.e2e.openflux.dev"] {
-        env.apply(&json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("testsources.{group}")},
-            "spec": {
-                "group": group,
-                "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
-                "scope": "Namespaced",
-                "versions": [{
-                    "name": "v1", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-                }]
-            }
-        }))
-        .await
-        .expect("installing a test source CRD");
+        support::install_test_source_crd(env, group).await;
     }
-    for name in [
-        "artifacts.openflux.dev",
-        "testsources.e2e.openflux.dev",
-        "testsources.alt.e2e.openflux.dev",
-    ] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-                .then_some(())
-        })
-        .await;
-    }
+    support::wait_established(
+        env,
+        &[
+            "artifacts.openflux.dev",
+            "testsources.e2e.openflux.dev",
+            "testsources.alt.e2e.openflux.dev",
+        ],
+    )
+    .await;
 }
 
 /// The test's MutatingWebhookConfiguration, deleted on drop.

@@ -735,3 +735,57 @@ impl GitRepo {
         format!("{}@sha1:{sha}", self.branch)
     }
 }
+
+// ------------------------------------------------------------------ CRDs --
+
+/// Installs openflux's Artifact CRD (as committed under manifests/).
+pub async fn install_artifact_crd(env: &Env) {
+    env.apply_yaml(include_str!("../../manifests/crds/artifacts.yaml"))
+        .await
+        .expect("installing the Artifact CRD");
+}
+
+/// Installs the test-only custom source kind `TestSource` of `group`
+/// (version v1, any content), standing in for a third party's source.
+pub async fn install_test_source_crd(env: &Env, group: &str) {
+    env.apply(&serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("testsources.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .await
+    .unwrap_or_else(|e| panic!("installing the TestSource CRD of {group}: {e}"));
+}
+
+/// Waits (bounded) until every named CRD is Established.
+pub async fn wait_established(env: &Env, names: &[&str]) {
+    for name in names {
+        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
+            let crd = env
+                .get(
+                    "apiextensions.k8s.io/v1",
+                    "CustomResourceDefinition",
+                    None,
+                    name,
+                )
+                .await
+                .ok()
+                .flatten()?;
+            crd.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
