@@ -6,8 +6,6 @@
 //! proves those permissions suffice. Content is served by an in-test HTTP
 //! server that honours `If-None-Match` and counts what it sends.
 
-#[path = "support/openflux.rs"]
-mod openflux_process;
 mod support;
 
 use std::collections::HashMap;
@@ -25,12 +23,11 @@ use axum::routing::get;
 use axum::Router;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use openflux_process::{free_addr, http_get, tail};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use support::openflux::{free_addr, http_get, tail};
 use support::{
-    cluster, condition, field, ready_condition, request_reconcile, unique_name, wait_for, Env,
-    TIMEOUT,
+    cluster, condition, field, ready_condition, request_reconcile, wait_for, Env, TIMEOUT,
 };
 
 const HTTP_SOURCE: &str = "sources.openflux.dev/v1alpha1";
@@ -1026,7 +1023,7 @@ impl OpenfluxRun {
         let log = std::env::temp_dir().join(format!("{ns}-openflux.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file handle");
-        let mut cmd = Command::new(openflux_process::binary());
+        let mut cmd = Command::new(support::openflux::binary());
         cmd.arg("run")
             .arg("--watch-all-namespaces=false")
             .arg(format!("--namespace={ns}"))

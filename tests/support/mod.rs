@@ -13,6 +13,8 @@
 //! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
+pub mod openflux;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -250,6 +252,20 @@ impl Env {
         name: &str,
     ) -> anyhow::Result<Option<DynamicObject>> {
         get(&self.client, api_version, kind, namespace, name).await
+    }
+
+    /// A namespaced object, `None` when it does not exist or cannot be read.
+    pub async fn find(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<DynamicObject> {
+        self.get(api_version, kind, Some(namespace), name)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The kubectl matching the local control plane's version, if known.
@@ -788,4 +804,11 @@ pub async fn wait_established(env: &Env, names: &[&str]) {
         })
         .await;
     }
+}
+
+/// A ConfigMap `app-config` with `data.value`, as a manifest in a source.
+pub fn configmap_yaml(value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  value: {value}\n"
+    )
 }
