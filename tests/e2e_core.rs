@@ -2,14 +2,12 @@
 //! and the stock Flux controllers. Each test runs its own `openflux run`,
 //! scoped to the test's namespace, so tests stay independent.
 
-#[path = "support/openflux.rs"]
-mod openflux_process;
 mod support;
 
-use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
-use openflux_process::{tarball, Openflux};
 use serde_json::json;
+use support::openflux::{publish, Openflux};
 use support::{cluster, field, ready_condition, unique_name, wait_for, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
@@ -18,46 +16,13 @@ const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
 
 async fn install_crds(env: &Env) {
-    let crds = include_str!("../manifests/crds/artifacts.yaml");
-    env.apply_yaml(crds)
-        .await
-        .expect("installing the Artifact CRD");
-    env.apply(&json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "testsources.e2e.openflux.dev"},
-        "spec": {
-            "group": "e2e.openflux.dev",
-            "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-            }]
-        }
-    }))
-    .await
-    .expect("installing the test source CRD");
-    for name in ["artifacts.openflux.dev", "testsources.e2e.openflux.dev"] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            let established = crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True");
-            established.then_some(())
-        })
-        .await;
-    }
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, "e2e.openflux.dev").await;
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
+    )
+    .await;
 }
 
 async fn start_openflux(env: &Env, ns: &str) -> Openflux {
@@ -67,25 +32,6 @@ async fn start_openflux(env: &Env, ns: &str) -> Openflux {
         &["--watch-all-namespaces=false", &format!("--namespace={ns}")],
     )
     .await
-}
-
-async fn get(
-    env: &Env,
-    api_version: &str,
-    kind: &str,
-    ns: &str,
-    name: &str,
-) -> Option<DynamicObject> {
-    env.get(api_version, kind, Some(ns), name)
-        .await
-        .ok()
-        .flatten()
-}
-
-fn configmap(data: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  value: {data}\n"
-    )
 }
 
 async fn delete(env: &Env, api_version: &str, kind: &str, ns: &str, name: &str) {
@@ -109,7 +55,7 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     let (repo, first) = fx
         .create_repo(
             &unique_name("mirror"),
-            &[("deploy/cm.yaml", &configmap("one"))],
+            &[("deploy/cm.yaml", &support::configmap_yaml("one"))],
         )
         .expect("creating a git repository");
     let of = start_openflux(&env, &n).await;
@@ -124,11 +70,14 @@ async fn git_repository_is_mirrored_updated_and_collected() {
 
     let expect = format!("main@sha1:{first}");
     let artifact = wait_for("the GitRepository's Artifact", TIMEOUT, || async {
-        let a = get(&env, ARTIFACT, "Artifact", &n, "gitrepository-app").await?;
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
         (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
     })
     .await;
-    let source = get(&env, SOURCE, "GitRepository", &n, "app")
+    let source = env
+        .find(SOURCE, "GitRepository", &n, "app")
         .await
         .expect("GitRepository");
     assert_eq!(
@@ -146,7 +95,9 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     );
     assert_eq!(owner.uid, source.uid().unwrap());
     let ready = wait_for("the Artifact's Ready condition", TIMEOUT, || async {
-        let a = get(&env, ARTIFACT, "Artifact", &n, "gitrepository-app").await?;
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
         ready_condition(&a)
     })
     .await;
@@ -154,18 +105,25 @@ async fn git_repository_is_mirrored_updated_and_collected() {
 
     // A new commit: the Artifact follows, with exactly one more write.
     let second = repo
-        .commit(&[("deploy/cm.yaml", &configmap("two"))], &[], "Change")
+        .commit(
+            &[("deploy/cm.yaml", &support::configmap_yaml("two"))],
+            &[],
+            "Change",
+        )
         .expect("pushing a commit");
     support::request_reconcile(&env.client, SOURCE, "GitRepository", &n, "app")
         .await
         .expect("requesting a reconcile");
     let expect = format!("main@sha1:{second}");
     let updated = wait_for("the Artifact to follow the new commit", TIMEOUT, || async {
-        let a = get(&env, ARTIFACT, "Artifact", &n, "gitrepository-app").await?;
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
         (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
     })
     .await;
-    let source = get(&env, SOURCE, "GitRepository", &n, "app")
+    let source = env
+        .find(SOURCE, "GitRepository", &n, "app")
         .await
         .expect("GitRepository");
     assert_eq!(
@@ -184,7 +142,7 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     // Deleting the source removes its Artifact through garbage collection.
     delete(&env, SOURCE, "GitRepository", &n, "app").await;
     wait_for("the Artifact to be garbage collected", TIMEOUT, || async {
-        get(&env, ARTIFACT, "Artifact", &n, "gitrepository-app")
+        env.find(ARTIFACT, "Artifact", &n, "gitrepository-app")
             .await
             .is_none()
             .then_some(())
@@ -228,8 +186,8 @@ async fn helm_repository_and_chart_are_mirrored() {
         ("HelmChart", "hello", "helmchart-hello"),
     ] {
         let (a, s) = wait_for(&format!("the {kind}'s Artifact"), TIMEOUT, || async {
-            let s = get(&env, SOURCE, kind, &n, name).await?;
-            let a = get(&env, ARTIFACT, "Artifact", &n, artifact).await?;
+            let s = env.find(SOURCE, kind, &n, name).await?;
+            let a = env.find(ARTIFACT, "Artifact", &n, artifact).await?;
             let digest = field(&s, "/status/artifact/digest")?;
             (field(&a, "/spec/digest") == Some(digest)).then_some((a, s))
         })
@@ -246,20 +204,6 @@ async fn helm_repository_and_chart_are_mirrored() {
         );
     }
     ns.delete().await;
-}
-
-/// Puts a tarball with one ConfigMap on the static server and returns the
-/// Artifact spec pointing at it.
-fn publish(fx: &support::Fixtures, ns: &str, value: &str) -> serde_json::Value {
-    let (bytes, digest) = tarball(&[("configmap.yaml", &configmap(value))]);
-    let path = format!("artifacts/{ns}/{value}.tar.gz");
-    let url = fx.put_file(&path, &bytes).expect("publishing the tarball");
-    json!({
-        "url": url,
-        "revision": format!("{value}@{digest}"),
-        "digest": digest,
-        "size": bytes.len(),
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +229,13 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         "apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web",
         "uid": source.uid().expect("uid"), "controller": true
     }]);
-    let spec = publish(fx, &n, "one");
+    let spec = publish(
+        fx,
+        &n,
+        "web",
+        "one",
+        &[("configmap.yaml", &support::configmap_yaml("one"))],
+    );
     env.apply(&json!({
         "apiVersion": ARTIFACT, "kind": "Artifact",
         "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
@@ -295,7 +245,9 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     .expect("writing the Artifact");
 
     let exported = wait_for("the ExternalArtifact export", TIMEOUT, || async {
-        let ea = get(&env, SOURCE, "ExternalArtifact", &n, "testsource-web").await?;
+        let ea = env
+            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+            .await?;
         (field(&ea, "/status/artifact/digest")? == &spec["digest"]).then_some(ea)
     })
     .await;
@@ -322,7 +274,7 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         Some("openflux")
     );
     let artifact = wait_for("the Artifact to report its export", TIMEOUT, || async {
-        let a = get(&env, ARTIFACT, "Artifact", &n, "web").await?;
+        let a = env.find(ARTIFACT, "Artifact", &n, "web").await?;
         (ready_condition(&a)?.1 == "Exported").then_some(a)
     })
     .await;
@@ -363,7 +315,13 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     wait_value("one").await;
 
     // A new revision of the Artifact rolls out.
-    let spec2 = publish(fx, &n, "two");
+    let spec2 = publish(
+        fx,
+        &n,
+        "web",
+        "two",
+        &[("configmap.yaml", &support::configmap_yaml("two"))],
+    );
     env.apply(&json!({
         "apiVersion": ARTIFACT, "kind": "Artifact",
         "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
@@ -372,7 +330,8 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     .await
     .expect("updating the Artifact");
     wait_value("two").await;
-    let ks = get(&env, KUSTOMIZE, "Kustomization", &n, "web")
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", &n, "web")
         .await
         .expect("Kustomization");
     assert_eq!(
@@ -387,8 +346,10 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         "the Artifact and its export to be collected",
         TIMEOUT,
         || async {
-            let a = get(&env, ARTIFACT, "Artifact", &n, "web").await;
-            let ea = get(&env, SOURCE, "ExternalArtifact", &n, "testsource-web").await;
+            let a = env.find(ARTIFACT, "Artifact", &n, "web").await;
+            let ea = env
+                .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+                .await;
             (a.is_none() && ea.is_none()).then_some(())
         },
     )
@@ -411,7 +372,7 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
     .await
     .expect("writing the Artifact");
     let (status, reason, message) = wait_for("the Artifact's Ready=False", TIMEOUT, || async {
-        let a = get(&env, ARTIFACT, "Artifact", &n, "nodigest").await?;
+        let a = env.find(ARTIFACT, "Artifact", &n, "nodigest").await?;
         ready_condition(&a)
     })
     .await;
@@ -420,11 +381,10 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
         ("False", "InvalidArtifact")
     );
     assert!(message.contains("spec.digest"), "{message}");
-    assert!(
-        get(&env, SOURCE, "ExternalArtifact", &n, "artifact-nodigest")
-            .await
-            .is_none()
-    );
+    assert!(env
+        .find(SOURCE, "ExternalArtifact", &n, "artifact-nodigest")
+        .await
+        .is_none());
     // Bad input is refused by the API server itself: the digest pattern.
     let bad = env
         .apply(&json!({
@@ -437,5 +397,58 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
         bad.is_err(),
         "a malformed digest must be rejected by the CRD schema"
     );
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_writes_and_a_standby_takes_over() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("leader").await;
+    let n = ns.name().to_string();
+    let mut a = start_openflux(&env, &n).await;
+    let mut b = start_openflux(&env, &n).await;
+    // Both race for the Lease; exactly one wins.
+    let a_leads = wait_for("one replica to lead", TIMEOUT, || async {
+        let (la, lb) = (
+            a.metric("openflux_leader ").await.unwrap_or(0.0),
+            b.metric("openflux_leader ").await.unwrap_or(0.0),
+        );
+        assert!(la + lb <= 1.0, "two replicas lead at once");
+        (la + lb == 1.0).then_some(la == 1.0)
+    })
+    .await;
+    let (leader, standby) = if a_leads {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert_eq!(standby.metric("openflux_leader ").await, Some(0.0));
+
+    // The leader steps down on SIGTERM and gives the Lease up.
+    assert!(
+        leader.stop().is_some_and(|s| s.success()),
+        "clean exit on SIGTERM"
+    );
+    wait_for("the standby to take the Lease", TIMEOUT, || async {
+        (standby.metric("openflux_leader ").await == Some(1.0)).then_some(())
+    })
+    .await;
+    // ... and runs the controllers: a new Artifact is exported.
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "after-failover", "namespace": n},
+        "spec": {"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"},
+    }))
+    .await
+    .expect("writing the Artifact");
+    wait_for("the new leader to export", TIMEOUT, || async {
+        env.find(SOURCE, "ExternalArtifact", &n, "artifact-after-failover")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    drop(a);
+    drop(b);
     ns.delete().await;
 }

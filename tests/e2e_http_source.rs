@@ -6,8 +6,6 @@
 //! proves those permissions suffice. Content is served by an in-test HTTP
 //! server that honours `If-None-Match` and counts what it sends.
 
-#[path = "support/openflux.rs"]
-mod openflux_process;
 mod support;
 
 use std::collections::HashMap;
@@ -25,12 +23,11 @@ use axum::routing::get;
 use axum::Router;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use openflux_process::{free_addr, http_get, tail};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use support::openflux::{free_addr, http_get, tail};
 use support::{
-    cluster, condition, field, ready_condition, request_reconcile, unique_name, wait_for, Env,
-    TIMEOUT,
+    cluster, condition, field, ready_condition, request_reconcile, wait_for, Env, TIMEOUT,
 };
 
 const HTTP_SOURCE: &str = "sources.openflux.dev/v1alpha1";
@@ -366,9 +363,7 @@ impl Drop for Controller {
 /// The CRDs: openflux's Artifact (committed manifest) and the HttpSource
 /// CRD as the binary prints it.
 async fn install_crds(env: &Env) {
-    env.apply_yaml(include_str!("../manifests/crds/artifacts.yaml"))
-        .await
-        .expect("installing the Artifact CRD");
+    support::install_artifact_crd(env).await;
     let out = Command::new(binary())
         .arg("crds")
         .output()
@@ -377,26 +372,11 @@ async fn install_crds(env: &Env) {
     env.apply_yaml(&String::from_utf8_lossy(&out.stdout))
         .await
         .expect("installing the HttpSource CRD");
-    for name in ["artifacts.openflux.dev", "httpsources.sources.openflux.dev"] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-                .then_some(())
-        })
-        .await;
-    }
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "httpsources.sources.openflux.dev"],
+    )
+    .await;
 }
 
 /// The shipped ClusterRole, a ServiceAccount in `ns` bound to it by a
@@ -1043,7 +1023,7 @@ impl OpenfluxRun {
         let log = std::env::temp_dir().join(format!("{ns}-openflux.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file handle");
-        let mut cmd = Command::new(openflux_process::binary());
+        let mut cmd = Command::new(support::openflux::binary());
         cmd.arg("run")
             .arg("--watch-all-namespaces=false")
             .arg(format!("--namespace={ns}"))

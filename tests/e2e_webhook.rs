@@ -3,8 +3,6 @@
 //! with its own MutatingWebhookConfiguration (the shipped local one, limited
 //! to the test's namespace), so tests stay independent.
 
-#[path = "support/openflux.rs"]
-mod openflux_process;
 mod support;
 
 use std::net::SocketAddr;
@@ -15,9 +13,9 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use openflux_process::{free_addr, tarball, Openflux};
 use serde_json::{json, Value};
-use support::{cluster, field, ready_condition, unique_name, wait_for, Env, TIMEOUT};
+use support::openflux::{free_addr, publish, Openflux};
+use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -29,51 +27,19 @@ const ANNOTATION: &str = "openflux.dev/source-ref";
 const LOCAL_WEBHOOK: &str = include_str!("../webhook-config/local/mutating-webhook.yaml");
 
 async fn install_crds(env: &Env) {
-    env.apply_yaml(include_str!("../manifests/crds/artifacts.yaml"))
-        .await
-        .expect("installing the Artifact CRD");
+    support::install_artifact_crd(env).await;
     for group in ["e2e.openflux.dev", "alt.e2e.openflux.dev"] {
-        env.apply(&json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("testsources.{group}")},
-            "spec": {
-                "group": group,
-                "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
-                "scope": "Namespaced",
-                "versions": [{
-                    "name": "v1", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-                }]
-            }
-        }))
-        .await
-        .expect("installing a test source CRD");
+        support::install_test_source_crd(env, group).await;
     }
-    for name in [
-        "artifacts.openflux.dev",
-        "testsources.e2e.openflux.dev",
-        "testsources.alt.e2e.openflux.dev",
-    ] {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
-            let crd = env
-                .get(
-                    "apiextensions.k8s.io/v1",
-                    "CustomResourceDefinition",
-                    None,
-                    name,
-                )
-                .await
-                .ok()
-                .flatten()?;
-            crd.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-                .then_some(())
-        })
-        .await;
-    }
+    support::wait_established(
+        env,
+        &[
+            "artifacts.openflux.dev",
+            "testsources.e2e.openflux.dev",
+            "testsources.alt.e2e.openflux.dev",
+        ],
+    )
+    .await;
 }
 
 /// The test's MutatingWebhookConfiguration, deleted on drop.
@@ -158,19 +124,6 @@ async fn start(env: &Env, ns: &str, extra: &[&str]) -> (Openflux, Webhook) {
     (of, webhook)
 }
 
-async fn get(
-    env: &Env,
-    api_version: &str,
-    kind: &str,
-    ns: &str,
-    name: &str,
-) -> Option<DynamicObject> {
-    env.get(api_version, kind, Some(ns), name)
-        .await
-        .ok()
-        .flatten()
-}
-
 /// Server-side apply as a dry run: what the API server would store.
 async fn dry_run(env: &Env, obj: &Value) -> anyhow::Result<DynamicObject> {
     let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -229,12 +182,6 @@ async fn kubectl_apply(env: &Env, obj: &Value) -> Option<(bool, String, String)>
     )
 }
 
-fn configmap(data: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  value: {data}\n"
-    )
-}
-
 fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
     json!({
         "apiVersion": KUSTOMIZE, "kind": "Kustomization",
@@ -277,21 +224,6 @@ async fn custom_source(
 
 /// Puts a tarball of `files` on the static file server; the Artifact spec
 /// pointing at it, with revision `<version>@<digest>`.
-fn publish(
-    fx: &support::Fixtures,
-    ns: &str,
-    name: &str,
-    version: &str,
-    files: &[(&str, &str)],
-) -> Value {
-    let (bytes, digest) = tarball(files);
-    let path = format!("artifacts/{ns}/{name}-{}.tar.gz", &digest[7..19]);
-    let url = fx.put_file(&path, &bytes).expect("publishing the tarball");
-    json!({
-        "url": url, "revision": format!("{version}@{digest}"), "digest": digest, "size": bytes.len(),
-    })
-}
-
 async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
     wait_for(
@@ -385,11 +317,13 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
         &n,
         "web",
         "v1",
-        &[("configmap.yaml", &configmap("one"))],
+        &[("configmap.yaml", &support::configmap_yaml("one"))],
     );
     custom_source(&env, TEST_SOURCE, &n, "web", &["web"], &spec).await;
     wait_for("the export of the custom source", TIMEOUT, || async {
-        let ea = get(&env, SOURCE, "ExternalArtifact", &n, "testsource-web").await?;
+        let ea = env
+            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+            .await?;
         (ready_condition(&ea)?.0 == "True").then_some(())
     })
     .await;
@@ -413,7 +347,7 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
     );
     wait_configmap(&env, &n, "app-config", "one").await;
     let ks = wait_for("the Kustomization to be Ready", TIMEOUT, || async {
-        let ks = get(&env, KUSTOMIZE, "Kustomization", &n, "web").await?;
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
         (ready_condition(&ks)?.0 == "True").then_some(ks)
     })
     .await;
@@ -428,7 +362,8 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
     );
     if let Some((ok, _, stderr)) = kubectl_apply(&env, &manifest).await {
         assert!(ok, "{stderr}");
-        let after = get(&env, KUSTOMIZE, "Kustomization", &n, "web")
+        let after = env
+            .find(KUSTOMIZE, "Kustomization", &n, "web")
             .await
             .expect("Kustomization");
         assert_eq!(after.metadata.generation, ks.metadata.generation);
@@ -470,7 +405,8 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
                 .expect("creating the Kustomization");
         }
     }
-    let ks = get(&env, KUSTOMIZE, "Kustomization", &n, "later")
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", &n, "later")
         .await
         .expect("Kustomization");
     assert_eq!(
@@ -483,7 +419,7 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
         &n,
         "later",
         "v1",
-        &[("configmap.yaml", &configmap("late"))],
+        &[("configmap.yaml", &support::configmap_yaml("late"))],
     );
     custom_source(&env, TEST_SOURCE, &n, "later", &["later"], &spec).await;
     // Flux retries a missing source on its own; ask now to keep the test short.
@@ -492,7 +428,7 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
         .ok();
     wait_configmap(&env, &n, "app-config", "late").await;
     wait_for("the Kustomization to be Ready", TIMEOUT, || async {
-        let ks = get(&env, KUSTOMIZE, "Kustomization", &n, "later").await?;
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "later").await?;
         (ready_condition(&ks)?.0 == "True").then_some(())
     })
     .await;

@@ -13,6 +13,8 @@
 //! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
+pub mod openflux;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -250,6 +252,20 @@ impl Env {
         name: &str,
     ) -> anyhow::Result<Option<DynamicObject>> {
         get(&self.client, api_version, kind, namespace, name).await
+    }
+
+    /// A namespaced object, `None` when it does not exist or cannot be read.
+    pub async fn find(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<DynamicObject> {
+        self.get(api_version, kind, Some(namespace), name)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The kubectl matching the local control plane's version, if known.
@@ -734,4 +750,65 @@ impl GitRepo {
     pub fn flux_revision(&self, sha: &str) -> String {
         format!("{}@sha1:{sha}", self.branch)
     }
+}
+
+// ------------------------------------------------------------------ CRDs --
+
+/// Installs openflux's Artifact CRD (as committed under manifests/).
+pub async fn install_artifact_crd(env: &Env) {
+    env.apply_yaml(include_str!("../../manifests/crds/artifacts.yaml"))
+        .await
+        .expect("installing the Artifact CRD");
+}
+
+/// Installs the test-only custom source kind `TestSource` of `group`
+/// (version v1, any content), standing in for a third party's source.
+pub async fn install_test_source_crd(env: &Env, group: &str) {
+    env.apply(&serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("testsources.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .await
+    .unwrap_or_else(|e| panic!("installing the TestSource CRD of {group}: {e}"));
+}
+
+/// Waits (bounded) until every named CRD is Established.
+pub async fn wait_established(env: &Env, names: &[&str]) {
+    for name in names {
+        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
+            let crd = env
+                .get(
+                    "apiextensions.k8s.io/v1",
+                    "CustomResourceDefinition",
+                    None,
+                    name,
+                )
+                .await
+                .ok()
+                .flatten()?;
+            crd.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+/// A ConfigMap `app-config` with `data.value`, as a manifest in a source.
+pub fn configmap_yaml(value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  value: {value}\n"
+    )
 }

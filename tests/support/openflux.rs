@@ -10,7 +10,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{wait_for, Env};
+use super::{wait_for, Env, Fixtures};
 
 /// A running `openflux run`, stopped (SIGTERM, then kill) on drop. When the
 /// test is failing, the tail of its log is printed.
@@ -190,4 +190,22 @@ pub fn tarball(files: &[(&str, &str)]) -> (Vec<u8>, String) {
     let bytes = std::fs::read(&out).expect("reading the tarball");
     let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
     (bytes, digest)
+}
+
+/// Puts a tarball of `files` on the fixtures' static server, as a producer
+/// would, and returns the Artifact spec pointing at it (revision
+/// `<version>@<digest>`).
+pub fn publish(
+    fx: &Fixtures,
+    ns: &str,
+    name: &str,
+    version: &str,
+    files: &[(&str, &str)],
+) -> serde_json::Value {
+    let (bytes, digest) = tarball(files);
+    let path = format!("artifacts/{ns}/{name}-{}.tar.gz", &digest[7..19]);
+    let url = fx.put_file(&path, &bytes).expect("publishing the tarball");
+    serde_json::json!({
+        "url": url, "revision": format!("{version}@{digest}"), "digest": digest, "size": bytes.len(),
+    })
 }
