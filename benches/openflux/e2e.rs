@@ -22,10 +22,10 @@ use serde_json::{json, Value};
 
 use crate::cluster::{self, ARTIFACT, KUSTOMIZE, MANAGER, SOURCE, TEST_SOURCE};
 use crate::observe::{string_at, Observer};
-use crate::openflux_process::tarball;
 use crate::process::Openflux;
 use crate::report::{Figure, Report};
 use crate::stats::{median, ms};
+use crate::support::openflux::publish;
 use crate::support::{unique_name, Env, Fixtures, GitRepo};
 
 /// Bound on one change reaching the Kustomization.
@@ -37,18 +37,11 @@ fn configmap(name: &str, value: &str) -> String {
     )
 }
 
-/// Puts a tarball with one ConfigMap on the static server; returns the
-/// Artifact spec pointing at it.
-fn publish(fx: &Fixtures, ns: &str, value: &str) -> anyhow::Result<Value> {
-    let (bytes, digest) = tarball(&[("configmap.yaml", &configmap("bench-custom", value))]);
-    let path = format!("bench/{ns}/{value}.tar.gz");
-    let url = fx.put_file(&path, &bytes)?;
-    Ok(json!({
-        "url": url,
-        "revision": format!("{value}@{digest}"),
-        "digest": digest,
-        "size": bytes.len(),
-    }))
+/// Puts a tarball with one ConfigMap on the static server, as a producer
+/// would; returns the Artifact spec pointing at it.
+fn publish_value(fx: &Fixtures, ns: &str, value: &str) -> Value {
+    let manifest = configmap("bench-custom", value);
+    publish(fx, ns, "bench", value, &[("configmap.yaml", &manifest)])
 }
 
 pub async fn run(
@@ -71,7 +64,7 @@ pub async fn run(
     let result = measure(env, &fx, &name, &repo_name, samples, report).await;
     cluster::delete_namespace(env, ns, wait_cleanup.then(|| Duration::from_secs(120))).await;
     let _ = std::fs::remove_dir_all(fx.repo(&repo_name).path);
-    let _ = std::fs::remove_dir_all(fx.http_root.join("bench").join(&name));
+    let _ = std::fs::remove_dir_all(fx.http_root.join("artifacts").join(&name));
     result.context("end-to-end benchmark")
 }
 
@@ -159,7 +152,7 @@ async fn measure(
                 .context("writing the Artifact")
         }
     };
-    let spec = publish(fx, ns, "custom-0")?;
+    let spec = publish_value(fx, ns, "custom-0");
     let custom_ready =
         kustomizations.expect("custom", spec["revision"].as_str().unwrap_or_default());
     write_artifact(spec).await?;
@@ -185,7 +178,7 @@ async fn measure(
             if path == 0 {
                 git.push(git_sample(&repo, &repos, &kustomizations, k).await?);
             } else {
-                let spec = publish(fx, ns, &format!("custom-{k}"))?;
+                let spec = publish_value(fx, ns, &format!("custom-{k}"));
                 let rev = spec["revision"].as_str().unwrap_or_default().to_string();
                 let applied = kustomizations.expect("custom", &rev);
                 let exported = exports.expect("testsource-web", &rev);

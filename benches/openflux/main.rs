@@ -17,9 +17,6 @@
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
-// Reaches `unique_name`, `wait_for` and `Env` through `super::`.
-#[path = "../../tests/support/openflux.rs"]
-mod openflux_process;
 
 mod cluster;
 mod e2e;
@@ -36,8 +33,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-#[allow(unused_imports)]
-use support::{unique_name, wait_for, Env};
 
 use report::Report;
 

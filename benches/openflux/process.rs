@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use crate::openflux_process::{binary, free_addr, http_get, tail};
+use crate::support::openflux::{binary, free_addr, http_get, tail};
 use crate::support::{unique_name, Env};
 
 /// A running `openflux run`, stopped on drop.
