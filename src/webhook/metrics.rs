@@ -8,13 +8,13 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    consumer: String,
-    outcome: String,
+    consumer: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConsumerLabels {
-    consumer: String,
+    consumer: &'static str,
 }
 
 fn duration_histogram() -> Histogram {
@@ -58,18 +58,14 @@ impl WebhookMetrics {
         metrics
     }
 
-    /// Counts one answered request.
-    pub fn observe(&self, consumer: &str, outcome: &str, seconds: f64) {
+    /// Counts one answered request. The labels are static strings, so
+    /// counting allocates nothing on the request path.
+    pub fn observe(&self, consumer: &'static str, outcome: &'static str, seconds: f64) {
         self.requests
-            .get_or_create(&RequestLabels {
-                consumer: consumer.to_string(),
-                outcome: outcome.to_string(),
-            })
+            .get_or_create(&RequestLabels { consumer, outcome })
             .inc();
         self.duration
-            .get_or_create(&ConsumerLabels {
-                consumer: consumer.to_string(),
-            })
+            .get_or_create(&ConsumerLabels { consumer })
             .observe(seconds);
     }
 }

@@ -101,7 +101,8 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
     span.in_scope(|| match &decision {
         Decision::Unchanged => tracing::debug!(outcome, "admitted unchanged"),
         Decision::Rewrite { patch, warnings } => {
-            tracing::info!(outcome, patch = %serde_json::to_string(patch).unwrap_or_default(), ?warnings, "rewrote source reference")
+            // Debug: every re-apply of such an object is rewritten again.
+            tracing::debug!(outcome, patch = %serde_json::to_string(patch).unwrap_or_default(), ?warnings, "rewrote source reference")
         }
         Decision::Deny { message } => tracing::info!(outcome, %message, "denied"),
         Decision::Error { code, message } => tracing::warn!(outcome, code, %message, "not decided"),
