@@ -67,9 +67,9 @@ pub enum ReviewError {
 
 /// Reads an AdmissionReview request from a body.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
-    let review: Value = serde_json::from_slice(body)
+    let mut review: Value = serde_json::from_slice(body)
         .map_err(|e| ReviewError::Unanswerable(format!("body is not JSON: {e}")))?;
-    let Some(fields) = review.as_object() else {
+    let Some(fields) = review.as_object_mut() else {
         return Err(ReviewError::Unanswerable(
             "body is not a JSON object".to_string(),
         ));
@@ -97,7 +97,9 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
             api_version.unwrap_or("")
         )));
     }
-    let Some(request) = fields.get("request").filter(|r| r.is_object()) else {
+    // Taken, not borrowed: deserializing moves the (possibly large) objects
+    // instead of copying them.
+    let Some(request) = fields.remove("request").filter(Value::is_object) else {
         return Err(invalid("the AdmissionReview has no request".to_string()));
     };
     if uid.is_none() {
