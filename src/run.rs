@@ -158,7 +158,17 @@ where
         readiness: readiness.clone(),
         shutdown: shutdown.clone(),
     };
-    let extra = tokio::spawn(extra(&shared));
+    // A service that cannot run (the webhook cannot bind, say) stops the
+    // process with its error instead of leaving it half up.
+    let extra = extra(&shared);
+    let failed = shutdown.clone();
+    let extra = tokio::spawn(async move {
+        let result = extra.await;
+        if result.is_err() {
+            failed.cancel();
+        }
+        result
+    });
 
     let (store, writer) = reflector::store::<Artifact>();
     let (artifacts_synced_tx, artifacts_synced) = tokio::sync::watch::channel(false);

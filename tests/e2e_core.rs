@@ -29,7 +29,12 @@ async fn start_openflux(env: &Env, ns: &str) -> Openflux {
     Openflux::start(
         env,
         ns,
-        &["--watch-all-namespaces=false", &format!("--namespace={ns}")],
+        &[
+            "--watch-all-namespaces=false",
+            &format!("--namespace={ns}"),
+            // Each process its own webhook port: tests run side by side.
+            &format!("--webhook-addr={}", support::openflux::free_addr()),
+        ],
     )
     .await
 }

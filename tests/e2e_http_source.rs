@@ -1029,6 +1029,7 @@ impl OpenfluxRun {
             .arg(format!("--namespace={ns}"))
             .arg(format!("--metrics-addr={}", free_addr()))
             .arg(format!("--health-addr={}", free_addr()))
+            .arg(format!("--webhook-addr={}", free_addr()))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
