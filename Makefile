@@ -15,11 +15,11 @@ demo:
 	e2e/demo
 
 test: lint cluster-up
-	$(CARGO) test --all-targets -- --test-threads=$(TEST_THREADS)
+	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS)
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Builds what is missing (the build log is shown) and starts the control plane.
 cluster-up:

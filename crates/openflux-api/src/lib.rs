@@ -1,0 +1,224 @@
+//! The public API of openflux: the `Artifact` custom resource
+//! (`openflux.dev/v1alpha1`) and the constants producers and consumers share.
+//!
+//! A producer (a custom source controller) writes `spec`; openflux writes
+//! `status`. The spec carries the same fields, under the same JSON names, as
+//! the artifact of a Flux source's `.status.artifact`, so values copy 1:1.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of the Artifact resource.
+pub const GROUP: &str = "openflux.dev";
+/// Served version of the Artifact resource.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of the Artifact resource.
+pub const API_VERSION: &str = "openflux.dev/v1alpha1";
+/// Kind of the Artifact resource.
+pub const KIND: &str = "Artifact";
+
+/// Field manager used for every server-side apply openflux makes.
+pub const FIELD_MANAGER: &str = "openflux";
+
+/// Label on every object openflux creates.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "openflux";
+/// Label naming the kind of the source an Artifact was mirrored from.
+pub const SOURCE_KIND_LABEL: &str = "openflux.dev/source-kind";
+/// Label naming the source an Artifact was mirrored from.
+pub const SOURCE_NAME_LABEL: &str = "openflux.dev/source-name";
+/// Label on an exported object naming the Artifact it was exported from.
+pub const ARTIFACT_LABEL: &str = "openflux.dev/artifact";
+/// Annotation the webhook keeps the original source reference in.
+pub const SOURCE_REF_ANNOTATION: &str = "openflux.dev/source-ref";
+
+/// The Flux source API group.
+pub const FLUX_SOURCE_GROUP: &str = "source.toolkit.fluxcd.io";
+
+/// The source kinds of stock Flux (group [`FLUX_SOURCE_GROUP`]). openflux mirrors
+/// them and never exports Artifacts they own: consumers read them directly.
+pub const STOCK_SOURCE_KINDS: [&str; 6] = [
+    "GitRepository",
+    "OCIRepository",
+    "Bucket",
+    "HelmChart",
+    "HelmRepository",
+    "ExternalArtifact",
+];
+
+/// Whether `group`/`kind` names a stock Flux source kind.
+pub fn is_stock_source(group: &str, kind: &str) -> bool {
+    group == FLUX_SOURCE_GROUP && STOCK_SOURCE_KINDS.contains(&kind)
+}
+
+/// The condition type every openflux status carries (kstatus compatible).
+pub const READY: &str = "Ready";
+
+/// Pattern of an artifact digest: `<algorithm>:<encoded>`, as Flux writes it.
+pub const DIGEST_PATTERN: &str = r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$";
+
+/// An artifact produced by a source: where to download it and what it is.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "openflux.dev",
+    version = "v1alpha1",
+    kind = "Artifact",
+    namespaced,
+    status = "ArtifactStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "oart",
+    category = "openflux",
+    category = "all",
+    doc = "Artifact is the uniform, independent description of an artifact produced by a source (a Flux source or a custom one). Producers write spec; openflux writes status.",
+    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".status.source"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactSpec {
+    /// HTTP address the artifact (a tar.gz) can be downloaded from.
+    #[schemars(length(min = 1))]
+    pub url: String,
+    /// Human-readable identifier of the artifact's content, e.g. `main@sha1:<sha>`.
+    #[schemars(length(min = 1))]
+    pub revision: String,
+    /// Digest of the file behind url, `<algorithm>:<checksum>`, e.g. `sha256:<hex>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$"))]
+    pub digest: Option<String>,
+    /// Path of the artifact relative to its storage root (derived from url when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Size of the file in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
+    /// When the producer last updated the artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
+    /// Free-form metadata (for example OCI annotations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// What openflux observed and did with an Artifact.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactStatus {
+    /// The generation of the Artifact openflux last handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Kind/name` of the source that produced the Artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The object stock Flux consumers read this Artifact through, if exported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exported_ref: Option<ObjectReference>,
+    /// Conditions; `Ready` tells whether the Artifact is usable by Flux consumers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A reference to an object, by apiVersion, kind, name and namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectReference {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Reasons openflux writes into `Ready` conditions.
+pub mod reason {
+    /// A stock source's artifact was mirrored.
+    pub const MIRRORED: &str = "Mirrored";
+    /// The Artifact was exported to a Flux-consumable object.
+    pub const EXPORTED: &str = "Exported";
+    /// The Artifact cannot be exported as it is (for example it has no digest).
+    pub const INVALID_ARTIFACT: &str = "InvalidArtifact";
+    /// Another object already holds the name the export would use.
+    pub const EXPORT_CONFLICT: &str = "ExportConflict";
+    /// The Flux API to export to is not installed in the cluster.
+    pub const EXPORT_TARGET_MISSING: &str = "ExportTargetMissing";
+    /// Flux's generic success reason, used on exported objects.
+    pub const SUCCEEDED: &str = "Succeeded";
+}
+
+impl Artifact {
+    /// The controller ownerReference of this Artifact, if any.
+    pub fn controller_owner(
+        &self,
+    ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+        self.metadata
+            .owner_references
+            .as_ref()?
+            .iter()
+            .find(|o| o.controller == Some(true))
+    }
+
+    /// The `Ready` condition, if openflux wrote one.
+    pub fn ready_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+    }
+}
+
+/// The Artifact CustomResourceDefinition as YAML, as `openflux crds` prints it
+/// and `manifests/crds/artifacts.yaml` carries it.
+pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    use kube::CustomResourceExt;
+    Ok(format!(
+        "---\n{}",
+        serde_yaml_ng::to_string(&Artifact::crd())?
+    ))
+}
+
+/// Splits an `apiVersion` into its group (empty for the core group) and version.
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    match api_version.rsplit_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_api_versions() {
+        assert_eq!(split_api_version("v1"), ("", "v1"));
+        assert_eq!(
+            split_api_version("source.toolkit.fluxcd.io/v1"),
+            ("source.toolkit.fluxcd.io", "v1")
+        );
+    }
+
+    #[test]
+    fn spec_round_trips_flux_json_names() {
+        let json = serde_json::json!({
+            "url": "http://example/a.tar.gz",
+            "revision": "main@sha1:abc",
+            "digest": "sha256:00ff",
+            "path": "a.tar.gz",
+            "size": 12,
+            "lastUpdateTime": "2025-01-02T03:04:05Z",
+            "metadata": {"k": "v"}
+        });
+        let spec: ArtifactSpec = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(spec.size, Some(12));
+        assert_eq!(serde_json::to_value(&spec).unwrap(), json);
+    }
+}

@@ -1,0 +1,211 @@
+//! Runs `openflux` as a local process for an end-to-end test.
+#![allow(dead_code)]
+
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{wait_for, Env, Fixtures};
+
+/// A running `openflux run`, stopped (SIGTERM, then kill) on drop. When the
+/// test is failing, the tail of its log is printed.
+pub struct Openflux {
+    child: Option<Child>,
+    pub metrics_addr: SocketAddr,
+    pub health_addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// Path of the openflux binary cargo built for this test run.
+pub fn binary() -> PathBuf {
+    super::workspace_bin("openflux")
+}
+
+impl Openflux {
+    /// Starts `openflux run` against the test cluster with `args` added, and
+    /// waits (bounded) until it reports ready.
+    pub async fn start(env: &Env, name: &str, args: &[&str]) -> Self {
+        let metrics_addr = free_addr();
+        let health_addr = free_addr();
+        let log = std::env::temp_dir().join(format!("{}.log", super::unique_name(name)));
+        let out = std::fs::File::create(&log).expect("creating the openflux log file");
+        let err = out.try_clone().expect("cloning the log file handle");
+        let mut cmd = Command::new(binary());
+        cmd.arg("run")
+            .arg(format!("--metrics-addr={metrics_addr}"))
+            .arg(format!("--health-addr={health_addr}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if let Some(kc) = &env.kubeconfig {
+            cmd.env("KUBECONFIG", kc);
+        }
+        let child = cmd.spawn().expect("starting openflux");
+        let mut of = Openflux {
+            child: Some(child),
+            metrics_addr,
+            health_addr,
+            log,
+        };
+        let health = of.health_addr;
+        let what = format!("openflux ({name}) to be ready on {health}");
+        // Fail fast with the log if the process exits.
+        wait_for(&what, Duration::from_secs(60), || {
+            let exited = of.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            let log = of.log.clone();
+            async move {
+                if let Some(status) = exited {
+                    panic!("openflux exited early ({status}):\n{}", tail(&log, 40));
+                }
+                match http_get(health, "/readyz").await {
+                    Some((200, _)) => Some(()),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        of
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        match http_get(self.metrics_addr, "/metrics").await {
+            Some((200, body)) => body,
+            other => panic!("GET /metrics: {other:?}"),
+        }
+    }
+
+    /// The value of the first sample whose line starts with `prefix`.
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        self.metrics()
+            .await
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Stops the process with SIGTERM and waits (bounded) for it to exit.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        for _ in 0..100 {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+}
+
+impl Drop for Openflux {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- openflux log ({}) ----\n{}",
+                self.log.display(),
+                tail(&self.log, 60)
+            );
+        }
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a file.
+pub fn tail(path: &PathBuf, lines: usize) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A plain HTTP/1.0 GET on loopback: status code and body, `None` when the
+/// server does not answer.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let code = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, body.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A gzipped tarball holding `files` (path, contents), made with `tar`, and
+/// its `sha256:<hex>` digest.
+pub fn tarball(files: &[(&str, &str)]) -> (Vec<u8>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (path, contents) in files {
+        let dest = dir.path().join(path);
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&dest, contents).expect("write file");
+    }
+    let out = dir.path().join("artifact.tar.gz");
+    let mut names: Vec<&str> = files.iter().map(|(p, _)| *p).collect();
+    names.sort();
+    let status = Command::new("tar")
+        .arg("-czf")
+        .arg(&out)
+        .arg("-C")
+        .arg(dir.path())
+        .args(&names)
+        .status()
+        .expect("running tar");
+    assert!(status.success(), "tar failed");
+    let bytes = std::fs::read(&out).expect("reading the tarball");
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    (bytes, digest)
+}
+
+/// Puts a tarball of `files` on the fixtures' static server, as a producer
+/// would, and returns the Artifact spec pointing at it (revision
+/// `<version>@<digest>`).
+pub fn publish(
+    fx: &Fixtures,
+    ns: &str,
+    name: &str,
+    version: &str,
+    files: &[(&str, &str)],
+) -> serde_json::Value {
+    let (bytes, digest) = tarball(files);
+    let path = format!("artifacts/{ns}/{name}-{}.tar.gz", &digest[7..19]);
+    let url = fx.put_file(&path, &bytes).expect("publishing the tarball");
+    serde_json::json!({
+        "url": url, "revision": format!("{version}@{digest}"), "digest": digest, "size": bytes.len(),
+    })
+}

@@ -1,0 +1,17 @@
+//! openflux: opens upstream Flux to custom source types.
+//!
+//! See the README for the user's view; each module's documentation says what
+//! it is responsible for.
+
+pub use openflux_api as api;
+pub mod certs;
+pub mod controller;
+pub mod export;
+pub mod gate;
+pub mod index;
+pub mod leader;
+pub mod mirror;
+pub mod naming;
+pub mod run;
+pub mod telemetry;
+pub mod webhook;

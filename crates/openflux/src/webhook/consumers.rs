@@ -1,0 +1,303 @@
+//! The Flux objects that consume sources, and where their references live.
+//!
+//! One row a consumer kind: which field holds its source reference(s), which
+//! stock kinds that field accepts, and whether the reference type has an
+//! `apiVersion` field at all. The webhook's decision and the `matchConditions`
+//! of the webhook configuration are both derived from this table.
+
+use crate::api::{FLUX_SOURCE_GROUP, STOCK_SOURCE_KINDS};
+
+/// How the references sit in the consumer's object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefShape {
+    /// One reference object at the path.
+    One,
+    /// A list of reference objects at the path, each identified by the value
+    /// of the named key (unique within the list).
+    ListByKey(&'static str),
+}
+
+/// A field of a consumer that holds source references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefField {
+    /// Path of the field from the object root.
+    pub path: &'static [&'static str],
+    pub shape: RefShape,
+    /// Whether the reference type has an `apiVersion` field. When it has none,
+    /// the API server prunes any `apiVersion` a user writes, so a reference is
+    /// matched by kind alone and a rewrite never adds one.
+    pub has_api_version: bool,
+    /// The stock kinds the consumer accepts here.
+    pub stock_kinds: &'static [&'static str],
+}
+
+/// A reference field that must not name a custom source, and what to do instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForbiddenRef {
+    pub field: RefField,
+    /// What the person should do instead, said in a full sentence.
+    pub hint: &'static str,
+}
+
+/// A Flux object kind that consumes source artifacts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Consumer {
+    pub kind: &'static str,
+    pub group: &'static str,
+    /// The version the webhook configuration asks the API server for.
+    pub version: &'static str,
+    /// Plural resource name.
+    pub resource: &'static str,
+    /// The field openflux rewrites.
+    pub refs: RefField,
+    /// A field openflux refuses custom sources in, if any.
+    pub forbidden: Option<ForbiddenRef>,
+}
+
+/// Every consumer openflux handles.
+pub static CONSUMERS: [Consumer; 3] = [
+    Consumer {
+        kind: "Kustomization",
+        group: "kustomize.toolkit.fluxcd.io",
+        version: "v1",
+        resource: "kustomizations",
+        refs: RefField {
+            path: &["spec", "sourceRef"],
+            shape: RefShape::One,
+            has_api_version: true,
+            stock_kinds: &[
+                "GitRepository",
+                "OCIRepository",
+                "Bucket",
+                "ExternalArtifact",
+            ],
+        },
+        forbidden: None,
+    },
+    Consumer {
+        kind: "HelmRelease",
+        group: "helm.toolkit.fluxcd.io",
+        version: "v2",
+        resource: "helmreleases",
+        refs: RefField {
+            path: &["spec", "chartRef"],
+            shape: RefShape::One,
+            has_api_version: true,
+            stock_kinds: &["OCIRepository", "HelmChart", "ExternalArtifact"],
+        },
+        forbidden: Some(ForbiddenRef {
+            field: RefField {
+                path: &["spec", "chart", "spec", "sourceRef"],
+                shape: RefShape::One,
+                has_api_version: true,
+                stock_kinds: &["HelmRepository", "GitRepository", "Bucket"],
+            },
+            hint: "helm-controller builds a chart there from a Helm repository, Git repository \
+                   or Bucket only; reference a custom source whose artifact is a packaged chart \
+                   with spec.chartRef instead",
+        }),
+    },
+    Consumer {
+        kind: "ArtifactGenerator",
+        group: "source.extensions.fluxcd.io",
+        version: "v1beta1",
+        resource: "artifactgenerators",
+        refs: RefField {
+            path: &["spec", "sources"],
+            shape: RefShape::ListByKey("alias"),
+            has_api_version: false,
+            stock_kinds: &[
+                "Bucket",
+                "GitRepository",
+                "OCIRepository",
+                "HelmChart",
+                "ExternalArtifact",
+            ],
+        },
+        forbidden: None,
+    },
+];
+
+/// The consumer served under this API group and plural resource name.
+pub fn find(group: &str, resource: &str) -> Option<&'static Consumer> {
+    CONSUMERS
+        .iter()
+        .find(|c| c.group == group && c.resource == resource)
+}
+
+impl Consumer {
+    /// The value of the `consumer` metric label.
+    pub fn label(&self) -> &'static str {
+        self.resource
+    }
+}
+
+impl RefField {
+    /// The field path in the dotted form people read in messages.
+    pub fn dotted(&self) -> String {
+        self.path.join(".")
+    }
+}
+
+/// Whether a reference names a stock Flux source kind: one of the kinds of
+/// [`FLUX_SOURCE_GROUP`], with that group's apiVersion or with none.
+pub fn is_stock_ref(api_version: Option<&str>, kind: &str) -> bool {
+    STOCK_SOURCE_KINDS.contains(&kind)
+        && api_version.is_none_or(|v| crate::api::split_api_version(v).0 == FLUX_SOURCE_GROUP)
+}
+
+/// The CEL expression that lets a request of `consumer` reach the webhook:
+/// only when one of its reference fields names something other than a stock
+/// kind it accepts. A stock reference never reaches openflux, so stock Flux
+/// works unchanged while openflux is down. Objects being deleted never do
+/// either, so a finalizer can always be removed; nor do references without a
+/// kind, which the API server's own validation refuses with a clear message.
+pub fn match_condition(consumer: &Consumer) -> String {
+    let mut fields = vec![field_condition(&consumer.refs)];
+    if let Some(forbidden) = &consumer.forbidden {
+        fields.push(field_condition(&forbidden.field));
+    }
+    format!(
+        "object != null && !has(object.metadata.deletionTimestamp) && has(object.spec) && ({})",
+        fields.join(" || ")
+    )
+}
+
+fn field_condition(field: &RefField) -> String {
+    // has() needs every parent to exist; `object.spec` is checked by the caller.
+    let mut guards = Vec::new();
+    for depth in 2..=field.path.len() {
+        guards.push(format!("has(object.{})", field.path[..depth].join(".")));
+    }
+    let kinds = field
+        .stock_kinds
+        .iter()
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let expr = format!("object.{}", field.dotted());
+    let custom = |r: &str| {
+        if field.has_api_version {
+            format!(
+                "has({r}.kind) && !({r}.kind in [{kinds}] && (!has({r}.apiVersion) || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/')))"
+            )
+        } else {
+            format!("has({r}.kind) && !({r}.kind in [{kinds}])")
+        }
+    };
+    let test = match field.shape {
+        RefShape::One => custom(&expr),
+        RefShape::ListByKey(_) => format!("{expr}.exists(r, {})", custom("r")),
+    };
+    guards.push(test);
+    format!("({})", guards.join(" && "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_consumers_by_group_and_resource() {
+        assert_eq!(
+            find("kustomize.toolkit.fluxcd.io", "kustomizations").map(|c| c.kind),
+            Some("Kustomization")
+        );
+        assert_eq!(
+            find("helm.toolkit.fluxcd.io", "helmreleases").map(|c| c.kind),
+            Some("HelmRelease")
+        );
+        assert_eq!(
+            find("source.extensions.fluxcd.io", "artifactgenerators").map(|c| c.kind),
+            Some("ArtifactGenerator")
+        );
+        assert!(find("", "pods").is_none());
+        assert!(find("kustomize.toolkit.fluxcd.io", "helmreleases").is_none());
+    }
+
+    #[test]
+    fn stock_refs() {
+        assert!(is_stock_ref(None, "GitRepository"));
+        assert!(is_stock_ref(
+            Some("source.toolkit.fluxcd.io/v1"),
+            "ExternalArtifact"
+        ));
+        assert!(!is_stock_ref(Some("example.com/v1"), "GitRepository"));
+        assert!(!is_stock_ref(None, "HttpSource"));
+        assert!(!is_stock_ref(
+            Some("source.toolkit.fluxcd.io/v1"),
+            "HttpSource"
+        ));
+    }
+
+    #[test]
+    fn match_conditions_guard_every_parent() {
+        let hr = find("helm.toolkit.fluxcd.io", "helmreleases").unwrap();
+        let cel = match_condition(hr);
+        assert!(cel.starts_with("object != null && "), "{cel}");
+        assert!(cel.contains(
+            "has(object.spec.chart) && has(object.spec.chart.spec) && has(object.spec.chart.spec.sourceRef)"
+        ));
+        let ag = find("source.extensions.fluxcd.io", "artifactgenerators").unwrap();
+        let cel = match_condition(ag);
+        assert!(
+            cel.contains("object.spec.sources.exists(r, has(r.kind) && !(r.kind in ["),
+            "{cel}"
+        );
+        assert!(!cel.contains("apiVersion"), "{cel}");
+    }
+
+    /// The webhook configurations shipped in webhook-config/ carry one entry
+    /// per consumer, with the rules and matchConditions of this table.
+    #[test]
+    fn shipped_webhook_configurations_follow_the_table() {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        for file in [
+            "webhook-config/mutating-webhook.yaml",
+            "webhook-config/local/mutating-webhook.yaml",
+        ] {
+            let path = format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&text).unwrap();
+            let webhooks = config.webhooks.unwrap();
+            assert_eq!(webhooks.len(), CONSUMERS.len(), "{file}");
+            for consumer in &CONSUMERS {
+                let webhook = webhooks
+                    .iter()
+                    .find(|w| w.name == format!("{}.openflux.dev", consumer.resource))
+                    .unwrap_or_else(|| panic!("{file}: no webhook for {}", consumer.kind));
+                let rules = webhook.rules.as_ref().unwrap();
+                assert_eq!(rules.len(), 1);
+                let rule = &rules[0];
+                assert_eq!(
+                    rule.api_groups.as_deref(),
+                    Some(&[consumer.group.to_string()][..])
+                );
+                assert_eq!(
+                    rule.api_versions.as_deref(),
+                    Some(&[consumer.version.to_string()][..])
+                );
+                assert_eq!(
+                    rule.resources.as_deref(),
+                    Some(&[consumer.resource.to_string()][..])
+                );
+                assert_eq!(
+                    rule.operations.as_deref(),
+                    Some(&["CREATE".to_string(), "UPDATE".to_string()][..])
+                );
+                let conditions = webhook.match_conditions.as_ref().unwrap();
+                assert_eq!(conditions.len(), 1);
+                assert_eq!(
+                    conditions[0].expression,
+                    match_condition(consumer),
+                    "{file}"
+                );
+                assert_eq!(webhook.side_effects, "None");
+                assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+                assert_eq!(webhook.timeout_seconds, Some(5));
+                assert_eq!(webhook.admission_review_versions, vec!["v1"]);
+                assert!(webhook.client_config.ca_bundle.is_none());
+            }
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! End to end: the mirror and export controllers against a real API server
+//! and the stock Flux controllers. Each test runs its own `openflux run`,
+//! scoped to the test's namespace, so tests stay independent.
+
+use openflux_testkit as support;
+
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
+use serde_json::json;
+use support::openflux::{publish, Openflux};
+use support::{cluster, field, ready_condition, unique_name, wait_for, Env, TIMEOUT};
+
+const ARTIFACT: &str = "openflux.dev/v1alpha1";
+const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
+const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
+const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
+
+async fn install_crds(env: &Env) {
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, "e2e.openflux.dev").await;
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
+    )
+    .await;
+}
+
+async fn start_openflux(env: &Env, ns: &str) -> Openflux {
+    Openflux::start(
+        env,
+        ns,
+        &[
+            "--watch-all-namespaces=false",
+            &format!("--namespace={ns}"),
+            // Each process its own webhook port: tests run side by side.
+            &format!("--webhook-addr={}", support::openflux::free_addr()),
+        ],
+    )
+    .await
+}
+
+async fn delete(env: &Env, api_version: &str, kind: &str, ns: &str, name: &str) {
+    let (api, _) = support::dynamic_api(&env.client, api_version, kind, Some(ns))
+        .await
+        .expect("discovery");
+    api.delete(name, &DeleteParams::background())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {kind} {ns}/{name}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_repository_is_mirrored_updated_and_collected() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("git_repository_is_mirrored_updated_and_collected") else {
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("mirror-git").await;
+    let n = ns.name().to_string();
+    let (repo, first) = fx
+        .create_repo(
+            &unique_name("mirror"),
+            &[("deploy/cm.yaml", &support::configmap_yaml("one"))],
+        )
+        .expect("creating a git repository");
+    let of = start_openflux(&env, &n).await;
+
+    env.apply(&json!({
+        "apiVersion": SOURCE, "kind": "GitRepository",
+        "metadata": {"name": "app", "namespace": n},
+        "spec": {"url": repo.url, "interval": "10m", "ref": {"branch": "main"}}
+    }))
+    .await
+    .expect("creating the GitRepository");
+
+    let expect = format!("main@sha1:{first}");
+    let artifact = wait_for("the GitRepository's Artifact", TIMEOUT, || async {
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
+        (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
+    })
+    .await;
+    let source = env
+        .find(SOURCE, "GitRepository", &n, "app")
+        .await
+        .expect("GitRepository");
+    assert_eq!(
+        field(&artifact, "/spec/digest"),
+        field(&source, "/status/artifact/digest")
+    );
+    assert_eq!(
+        field(&artifact, "/spec/url"),
+        field(&source, "/status/artifact/url")
+    );
+    let owner = &artifact.metadata.owner_references.as_ref().expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("GitRepository", Some(true))
+    );
+    assert_eq!(owner.uid, source.uid().unwrap());
+    let ready = wait_for("the Artifact's Ready condition", TIMEOUT, || async {
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
+        ready_condition(&a)
+    })
+    .await;
+    assert_eq!((ready.0.as_str(), ready.1.as_str()), ("True", "Mirrored"));
+
+    // A new commit: the Artifact follows, with exactly one more write.
+    let second = repo
+        .commit(
+            &[("deploy/cm.yaml", &support::configmap_yaml("two"))],
+            &[],
+            "Change",
+        )
+        .expect("pushing a commit");
+    support::request_reconcile(&env.client, SOURCE, "GitRepository", &n, "app")
+        .await
+        .expect("requesting a reconcile");
+    let expect = format!("main@sha1:{second}");
+    let updated = wait_for("the Artifact to follow the new commit", TIMEOUT, || async {
+        let a = env
+            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await?;
+        (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
+    })
+    .await;
+    let source = env
+        .find(SOURCE, "GitRepository", &n, "app")
+        .await
+        .expect("GitRepository");
+    assert_eq!(
+        field(&updated, "/spec/digest"),
+        field(&source, "/status/artifact/digest")
+    );
+    let writes = of
+        .metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
+        .await;
+    assert_eq!(
+        writes,
+        Some(2.0),
+        "one write to create, one for the new revision"
+    );
+
+    // Deleting the source removes its Artifact through garbage collection.
+    delete(&env, SOURCE, "GitRepository", &n, "app").await;
+    wait_for("the Artifact to be garbage collected", TIMEOUT, || async {
+        env.find(ARTIFACT, "Artifact", &n, "gitrepository-app")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    drop(of);
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_repository_and_chart_are_mirrored() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("helm_repository_and_chart_are_mirrored") else {
+        return;
+    };
+    let Some(helm_url) = fx.helm_repo_url.clone() else {
+        eprintln!("SKIPPED helm_repository_and_chart_are_mirrored: no Helm repository fixture");
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("mirror-helm").await;
+    let n = ns.name().to_string();
+    let _of = start_openflux(&env, &n).await;
+    env.apply(&json!({
+        "apiVersion": SOURCE, "kind": "HelmRepository",
+        "metadata": {"name": "charts", "namespace": n},
+        "spec": {"url": helm_url, "interval": "10m"}
+    }))
+    .await
+    .expect("creating the HelmRepository");
+    env.apply(&json!({
+        "apiVersion": SOURCE, "kind": "HelmChart",
+        "metadata": {"name": "hello", "namespace": n},
+        "spec": {"chart": "hello", "version": "0.1.0", "interval": "10m",
+                 "sourceRef": {"kind": "HelmRepository", "name": "charts"}}
+    }))
+    .await
+    .expect("creating the HelmChart");
+    for (kind, name, artifact) in [
+        ("HelmRepository", "charts", "helmrepository-charts"),
+        ("HelmChart", "hello", "helmchart-hello"),
+    ] {
+        let (a, s) = wait_for(&format!("the {kind}'s Artifact"), TIMEOUT, || async {
+            let s = env.find(SOURCE, kind, &n, name).await?;
+            let a = env.find(ARTIFACT, "Artifact", &n, artifact).await?;
+            let digest = field(&s, "/status/artifact/digest")?;
+            (field(&a, "/spec/digest") == Some(digest)).then_some((a, s))
+        })
+        .await;
+        assert_eq!(
+            field(&a, "/spec/revision"),
+            field(&s, "/status/artifact/revision")
+        );
+        assert_eq!(
+            a.labels()
+                .get("openflux.dev/source-kind")
+                .map(String::as_str),
+            Some(kind.to_ascii_lowercase().as_str())
+        );
+    }
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("custom_source_is_exported") else {
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("export").await;
+    let n = ns.name().to_string();
+    let _of = start_openflux(&env, &n).await;
+
+    let source = env
+        .apply(&json!({
+            "apiVersion": TEST_SOURCE, "kind": "TestSource",
+            "metadata": {"name": "web", "namespace": n},
+            "spec": {"anything": "goes"}
+        }))
+        .await
+        .expect("creating the custom source");
+    let owner = json!([{
+        "apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web",
+        "uid": source.uid().expect("uid"), "controller": true
+    }]);
+    let spec = publish(
+        fx,
+        &n,
+        "web",
+        "one",
+        &[("configmap.yaml", &support::configmap_yaml("one"))],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+
+    let exported = wait_for("the ExternalArtifact export", TIMEOUT, || async {
+        let ea = env
+            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+            .await?;
+        (field(&ea, "/status/artifact/digest")? == &spec["digest"]).then_some(ea)
+    })
+    .await;
+    assert_eq!(field(&exported, "/status/artifact/url"), Some(&spec["url"]));
+    assert_eq!(
+        field(&exported, "/status/artifact/revision"),
+        Some(&spec["revision"])
+    );
+    assert_eq!(
+        field(&exported, "/spec/sourceRef"),
+        Some(
+            &json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "namespace": n})
+        )
+    );
+    assert_eq!(
+        ready_condition(&exported).map(|c| c.0),
+        Some("True".to_string())
+    );
+    assert_eq!(
+        exported
+            .labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("openflux")
+    );
+    let artifact = wait_for("the Artifact to report its export", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "web").await?;
+        (ready_condition(&a)?.1 == "Exported").then_some(a)
+    })
+    .await;
+    assert_eq!(
+        field(&artifact, "/status/exportedRef/name"),
+        Some(&json!("testsource-web"))
+    );
+    assert_eq!(
+        field(&artifact, "/status/source"),
+        Some(&json!("TestSource/web"))
+    );
+
+    // The stock kustomize-controller deploys it.
+    env.apply(&json!({
+        "apiVersion": KUSTOMIZE, "kind": "Kustomization",
+        "metadata": {"name": "web", "namespace": n},
+        "spec": {
+            "interval": "10m", "prune": true, "path": "./", "targetNamespace": n,
+            "sourceRef": {"kind": "ExternalArtifact", "name": "testsource-web"}
+        }
+    }))
+    .await
+    .expect("creating the Kustomization");
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(env.client.clone(), &n);
+    let wait_value = |value: &'static str| {
+        let cms = cms.clone();
+        async move {
+            wait_for(&format!("the ConfigMap to hold {value:?}"), TIMEOUT, || {
+                let cms = cms.clone();
+                async move {
+                    let cm = cms.get_opt("app-config").await.ok().flatten()?;
+                    (cm.data?.get("value")? == value).then_some(())
+                }
+            })
+            .await
+        }
+    };
+    wait_value("one").await;
+
+    // A new revision of the Artifact rolls out.
+    let spec2 = publish(
+        fx,
+        &n,
+        "web",
+        "two",
+        &[("configmap.yaml", &support::configmap_yaml("two"))],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
+        "spec": spec2,
+    }))
+    .await
+    .expect("updating the Artifact");
+    wait_value("two").await;
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", &n, "web")
+        .await
+        .expect("Kustomization");
+    assert_eq!(
+        field(&ks, "/status/lastAppliedRevision"),
+        Some(&spec2["revision"])
+    );
+
+    // Deleting the custom source removes its Artifact and the export.
+    delete(&env, KUSTOMIZE, "Kustomization", &n, "web").await;
+    delete(&env, TEST_SOURCE, "TestSource", &n, "web").await;
+    wait_for(
+        "the Artifact and its export to be collected",
+        TIMEOUT,
+        || async {
+            let a = env.find(ARTIFACT, "Artifact", &n, "web").await;
+            let ea = env
+                .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+                .await;
+            (a.is_none() && ea.is_none()).then_some(())
+        },
+    )
+    .await;
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_without_digest_says_why_it_is_not_exported() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("invalid").await;
+    let n = ns.name().to_string();
+    let _of = start_openflux(&env, &n).await;
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "nodigest", "namespace": n},
+        "spec": {"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1"},
+    }))
+    .await
+    .expect("writing the Artifact");
+    let (status, reason, message) = wait_for("the Artifact's Ready=False", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "nodigest").await?;
+        ready_condition(&a)
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InvalidArtifact")
+    );
+    assert!(message.contains("spec.digest"), "{message}");
+    assert!(env
+        .find(SOURCE, "ExternalArtifact", &n, "artifact-nodigest")
+        .await
+        .is_none());
+    // Bad input is refused by the API server itself: the digest pattern.
+    let bad = env
+        .apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": "baddigest", "namespace": n},
+            "spec": {"url": "http://x/a.tar.gz", "revision": "v1", "digest": "not a digest"},
+        }))
+        .await;
+    assert!(
+        bad.is_err(),
+        "a malformed digest must be rejected by the CRD schema"
+    );
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_writes_and_a_standby_takes_over() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("leader").await;
+    let n = ns.name().to_string();
+    let mut a = start_openflux(&env, &n).await;
+    let mut b = start_openflux(&env, &n).await;
+    // Both race for the Lease; exactly one wins.
+    let a_leads = wait_for("one replica to lead", TIMEOUT, || async {
+        let (la, lb) = (
+            a.metric("openflux_leader ").await.unwrap_or(0.0),
+            b.metric("openflux_leader ").await.unwrap_or(0.0),
+        );
+        assert!(la + lb <= 1.0, "two replicas lead at once");
+        (la + lb == 1.0).then_some(la == 1.0)
+    })
+    .await;
+    let (leader, standby) = if a_leads {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert_eq!(standby.metric("openflux_leader ").await, Some(0.0));
+
+    // The leader steps down on SIGTERM and gives the Lease up.
+    assert!(
+        leader.stop().is_some_and(|s| s.success()),
+        "clean exit on SIGTERM"
+    );
+    wait_for("the standby to take the Lease", TIMEOUT, || async {
+        (standby.metric("openflux_leader ").await == Some(1.0)).then_some(())
+    })
+    .await;
+    // ... and runs the controllers: a new Artifact is exported.
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "after-failover", "namespace": n},
+        "spec": {"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"},
+    }))
+    .await
+    .expect("writing the Artifact");
+    wait_for("the new leader to export", TIMEOUT, || async {
+        env.find(SOURCE, "ExternalArtifact", &n, "artifact-after-failover")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    drop(a);
+    drop(b);
+    ns.delete().await;
+}

@@ -1,0 +1,581 @@
+//! End to end: the mutating webhook against a real API server and the stock
+//! Flux controllers. Each test runs its own `openflux run` on its own port
+//! with its own MutatingWebhookConfiguration (the shipped local one, limited
+//! to the test's namespace), so tests stay independent.
+
+use openflux_testkit as support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{json, Value};
+use support::openflux::{free_addr, publish, Openflux};
+use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
+
+const ARTIFACT: &str = "openflux.dev/v1alpha1";
+const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
+const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
+const HELM: &str = "helm.toolkit.fluxcd.io/v2";
+const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
+const ALT_SOURCE: &str = "alt.e2e.openflux.dev/v1";
+const ANNOTATION: &str = "openflux.dev/source-ref";
+const LOCAL_WEBHOOK: &str = include_str!("../../../webhook-config/local/mutating-webhook.yaml");
+
+async fn install_crds(env: &Env) {
+    support::install_artifact_crd(env).await;
+    for group in ["e2e.openflux.dev", "alt.e2e.openflux.dev"] {
+        support::install_test_source_crd(env, group).await;
+    }
+    support::wait_established(
+        env,
+        &[
+            "artifacts.openflux.dev",
+            "testsources.e2e.openflux.dev",
+            "testsources.alt.e2e.openflux.dev",
+        ],
+    )
+    .await;
+}
+
+/// The test's MutatingWebhookConfiguration, deleted on drop.
+struct Webhook {
+    name: String,
+    config: kube::Config,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(client) = Client::try_from(config) {
+                    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        api.delete(&name, &DeleteParams::default()),
+                    )
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The shipped local webhook configuration, pointed at `addr` and limited
+/// to namespace `ns`.
+async fn webhook_configuration(env: &Env, ns: &str, addr: SocketAddr) -> Webhook {
+    let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
+    let name = format!("openflux-e2e-{ns}");
+    config["metadata"]["name"] = json!(name);
+    for webhook in config["webhooks"].as_array_mut().expect("webhooks") {
+        webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
+        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    }
+    env.apply(&config)
+        .await
+        .expect("creating the webhook configuration");
+    Webhook {
+        name,
+        config: env.config.clone(),
+    }
+}
+
+/// Starts openflux for namespace `ns` with its webhook on a free port, and
+/// waits until the CA bundle is in the webhook configuration.
+async fn start(env: &Env, ns: &str, extra: &[&str]) -> (Openflux, Webhook) {
+    let addr = free_addr();
+    let webhook = webhook_configuration(env, ns, addr).await;
+    let mut args = vec![
+        "--watch-all-namespaces=false".to_string(),
+        format!("--namespace={ns}"),
+        format!("--webhook-addr={addr}"),
+        format!("--webhook-configuration={}", webhook.name),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let of = Openflux::start(env, ns, &args).await;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    wait_for(
+        "the CA bundle in the webhook configuration",
+        TIMEOUT,
+        || async {
+            let config = api.get_opt(&webhook.name).await.ok().flatten()?;
+            config
+                .webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    (of, webhook)
+}
+
+/// Server-side apply as a dry run: what the API server would store.
+async fn dry_run(env: &Env, obj: &Value) -> anyhow::Result<DynamicObject> {
+    let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let (api, _) = support::dynamic_api(
+        &env.client,
+        obj["apiVersion"].as_str().unwrap_or_default(),
+        obj["kind"].as_str().unwrap_or_default(),
+        Some(ns),
+    )
+    .await?;
+    Ok(api
+        .patch(
+            name,
+            &PatchParams::apply(support::FIELD_MANAGER).force().dry_run(),
+            &Patch::Apply(obj),
+        )
+        .await?)
+}
+
+/// `kubectl apply -f -` of `obj`: (success, stdout, stderr); `None` when no
+/// kubectl is known for the cluster.
+async fn kubectl_apply(env: &Env, obj: &Value) -> Option<(bool, String, String)> {
+    let kubectl = env.kubectl()?;
+    let kubeconfig = env.kubeconfig.clone();
+    let input = obj.to_string();
+    let run = move || {
+        use std::io::Write;
+        let mut cmd = std::process::Command::new(kubectl);
+        if let Some(kc) = &kubeconfig {
+            cmd.arg("--kubeconfig").arg(kc);
+        }
+        let mut child = cmd
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running kubectl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(input.as_bytes())
+            .expect("writing to kubectl");
+        drop(stdin);
+        let out = child.wait_with_output().expect("kubectl output");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    Some(
+        tokio::task::spawn_blocking(run)
+            .await
+            .expect("kubectl thread"),
+    )
+}
+
+fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
+    json!({
+        "apiVersion": KUSTOMIZE, "kind": "Kustomization",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"interval": "10m", "prune": true, "path": "./", "targetNamespace": ns,
+                 "sourceRef": source_ref}
+    })
+}
+
+/// Creates a custom source and Artifacts it owns, all with `spec`.
+async fn custom_source(
+    env: &Env,
+    api_version: &str,
+    ns: &str,
+    name: &str,
+    artifacts: &[&str],
+    spec: &Value,
+) {
+    let source = env
+        .apply(&json!({
+            "apiVersion": api_version, "kind": "TestSource",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"anything": "goes"}
+        }))
+        .await
+        .expect("creating the custom source");
+    for artifact in artifacts {
+        env.apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": artifact, "namespace": ns, "ownerReferences": [{
+                "apiVersion": api_version, "kind": "TestSource", "name": name,
+                "uid": source.uid().expect("uid"), "controller": true
+            }]},
+            "spec": spec,
+        }))
+        .await
+        .expect("writing the Artifact");
+    }
+}
+
+/// Puts a tarball of `files` on the static file server; the Artifact spec
+/// pointing at it, with revision `<version>@<digest>`.
+async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    wait_for(
+        &format!("ConfigMap {name} to hold {value:?}"),
+        TIMEOUT,
+        || {
+            let cms = cms.clone();
+            async move {
+                let cm = cms.get_opt(name).await.ok().flatten()?;
+                (cm.data?.get("value")? == value).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+fn error_text(result: anyhow::Result<DynamicObject>) -> String {
+    match result {
+        Ok(obj) => panic!("admitted: {:?}", obj.data),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_references_are_untouched_with_openflux_running_or_stopped() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("wh-stock").await;
+    let n = ns.name().to_string();
+    let (mut of, _webhook) = start(&env, &n, &[]).await;
+
+    let stock = kustomization(
+        &n,
+        "stock",
+        json!({"kind": "GitRepository", "name": "podinfo"}),
+    );
+    let running = dry_run(&env, &stock).await.expect("admitted while running");
+    let created = env.apply(&stock).await.expect("created while running");
+    assert_eq!(
+        field(&created, "/spec/sourceRef"),
+        Some(&json!({"kind": "GitRepository", "name": "podinfo"}))
+    );
+    assert!(!created.annotations().contains_key(ANNOTATION));
+    assert_eq!(
+        of.metric("openflux_admission_requests_total{consumer=\"kustomizations\"")
+            .await,
+        None,
+        "a stock reference never reaches openflux"
+    );
+
+    of.stop();
+    let stopped = dry_run(&env, &stock).await.expect("admitted while stopped");
+    for pointer in ["/spec", "/metadata/annotations", "/metadata/labels"] {
+        assert_eq!(
+            serde_json::to_vec(&field(&running, pointer)).unwrap(),
+            serde_json::to_vec(&field(&stopped, pointer)).unwrap(),
+            "{pointer}"
+        );
+    }
+    env.apply(&kustomization(
+        &n,
+        "stock-2",
+        json!({"apiVersion": SOURCE, "kind": "OCIRepository", "name": "podinfo"}),
+    ))
+    .await
+    .expect("a stock reference is admitted while openflux is stopped");
+
+    // A custom reference fails closed, naming openflux.
+    let custom = kustomization(
+        &n,
+        "custom",
+        json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}),
+    );
+    let message = error_text(env.apply(&custom).await);
+    assert!(message.contains("openflux"), "{message}");
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("custom_reference_is_rewritten") else {
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("wh-rewrite").await;
+    let n = ns.name().to_string();
+    let (of, _webhook) = start(&env, &n, &[]).await;
+    let spec = publish(
+        fx,
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("one"))],
+    );
+    custom_source(&env, TEST_SOURCE, &n, "web", &["web"], &spec).await;
+    wait_for("the export of the custom source", TIMEOUT, || async {
+        let ea = env
+            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+            .await?;
+        (ready_condition(&ea)?.0 == "True").then_some(())
+    })
+    .await;
+
+    let manifest = kustomization(
+        &n,
+        "web",
+        json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}),
+    );
+    let stored = env
+        .apply(&manifest)
+        .await
+        .expect("creating the Kustomization");
+    assert_eq!(
+        field(&stored, "/spec/sourceRef"),
+        Some(&json!({"apiVersion": SOURCE, "kind": "ExternalArtifact", "name": "testsource-web"}))
+    );
+    assert_eq!(
+        stored.annotations().get(ANNOTATION).map(String::as_str),
+        Some(r#"{"apiVersion":"e2e.openflux.dev/v1","kind":"TestSource","name":"web"}"#)
+    );
+    wait_configmap(&env, &n, "app-config", "one").await;
+    let ks = wait_for("the Kustomization to be Ready", TIMEOUT, || async {
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
+        (ready_condition(&ks)?.0 == "True").then_some(ks)
+    })
+    .await;
+
+    // The original applied again changes nothing: same spec, same generation.
+    let again = env.apply(&manifest).await.expect("applying again");
+    assert_eq!(again.metadata.generation, ks.metadata.generation);
+    assert_eq!(field(&again, "/spec"), field(&ks, "/spec"));
+    assert_eq!(
+        again.annotations().get(ANNOTATION),
+        ks.annotations().get(ANNOTATION)
+    );
+    if let Some((ok, _, stderr)) = kubectl_apply(&env, &manifest).await {
+        assert!(ok, "{stderr}");
+        let after = env
+            .find(KUSTOMIZE, "Kustomization", &n, "web")
+            .await
+            .expect("Kustomization");
+        assert_eq!(after.metadata.generation, ks.metadata.generation);
+        assert_eq!(field(&after, "/spec"), field(&ks, "/spec"));
+    }
+    let rewritten = of
+        .metric(
+            "openflux_admission_requests_total{consumer=\"kustomizations\",outcome=\"rewritten\"}",
+        )
+        .await;
+    assert!(rewritten.is_some_and(|n| n >= 2.0), "{rewritten:?}");
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_created_before_its_source_warns_then_becomes_ready() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("reference_created_before_its_source") else {
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("wh-later").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = start(&env, &n, &[]).await;
+
+    let manifest = kustomization(&n, "later", json!({"kind": "TestSource", "name": "later"}));
+    match kubectl_apply(&env, &manifest).await {
+        Some((ok, _, stderr)) => {
+            assert!(ok, "{stderr}");
+            let warning = format!(
+                "TestSource {n}/later has no Artifact yet; Flux will wait until openflux exports ExternalArtifact {n}/testsource-later"
+            );
+            assert!(stderr.contains(&warning), "{stderr}");
+        }
+        None => {
+            eprintln!("no kubectl for this cluster: not checking the admission warning");
+            env.apply(&manifest)
+                .await
+                .expect("creating the Kustomization");
+        }
+    }
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", &n, "later")
+        .await
+        .expect("Kustomization");
+    assert_eq!(
+        field(&ks, "/spec/sourceRef/name"),
+        Some(&json!("testsource-later"))
+    );
+
+    let spec = publish(
+        fx,
+        &n,
+        "later",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("late"))],
+    );
+    custom_source(&env, TEST_SOURCE, &n, "later", &["later"], &spec).await;
+    // Flux retries a missing source on its own; ask now to keep the test short.
+    support::request_reconcile(&env.client, KUSTOMIZE, "Kustomization", &n, "later")
+        .await
+        .ok();
+    wait_configmap(&env, &n, "app-config", "late").await;
+    wait_for("the Kustomization to be Ready", TIMEOUT, || async {
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "later").await?;
+        (ready_condition(&ks)?.0 == "True").then_some(())
+    })
+    .await;
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
+    let env = cluster().await;
+    let Some(fx) = env.fixtures_or_skip("helm_release_chart_ref_to_a_custom_source") else {
+        return;
+    };
+    install_crds(&env).await;
+    let ns = env.namespace("wh-helm").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = start(&env, &n, &[]).await;
+    // helm-controller takes the chart version from the artifact revision.
+    let spec = publish(
+        fx,
+        &n,
+        "chart",
+        "0.1.0",
+        &[
+            ("hello/Chart.yaml", "apiVersion: v2\nname: hello\nversion: 0.1.0\n"),
+            ("hello/values.yaml", "value: default\n"),
+            (
+                "hello/templates/configmap.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-hello\ndata:\n  value: {{ .Values.value | quote }}\n",
+            ),
+        ],
+    );
+    custom_source(&env, TEST_SOURCE, &n, "chart", &["chart"], &spec).await;
+    let stored = env
+        .apply(&json!({
+            "apiVersion": HELM, "kind": "HelmRelease",
+            "metadata": {"name": "web", "namespace": n},
+            "spec": {
+                "interval": "10m",
+                "chartRef": {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "chart"},
+                "values": {"value": "from-openflux"}
+            }
+        }))
+        .await
+        .expect("creating the HelmRelease");
+    assert_eq!(
+        field(&stored, "/spec/chartRef"),
+        Some(
+            &json!({"apiVersion": SOURCE, "kind": "ExternalArtifact", "name": "testsource-chart"})
+        )
+    );
+    wait_configmap(&env, &n, "web-hello", "from-openflux").await;
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denials_name_openflux_and_say_what_to_change() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("wh-deny").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = start(&env, &n, &["--no-cross-namespace-refs"]).await;
+    // Nothing is downloaded here: the Artifacts only need to exist.
+    let spec =
+        json!({"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"});
+    custom_source(&env, TEST_SOURCE, &n, "multi", &["m1", "m2"], &spec).await;
+    custom_source(&env, TEST_SOURCE, &n, "dup", &["dup-a"], &spec).await;
+    custom_source(&env, ALT_SOURCE, &n, "dup", &["dup-b"], &spec).await;
+
+    // The index learns of Artifacts from its watch: retry until the denial.
+    let denied = |obj: Value, expect: Vec<String>| {
+        let env = &env;
+        async move {
+            wait_for(&format!("a denial saying {expect:?}"), TIMEOUT, || {
+                let obj = obj.clone();
+                let expect = expect.clone();
+                async move {
+                    let message = format!("{:#}", dry_run(env, &obj).await.err()?);
+                    expect
+                        .iter()
+                        .all(|e| message.contains(e.as_str()))
+                        .then_some(message)
+                }
+            })
+            .await
+        }
+    };
+    let s = |v: &str| v.to_string();
+
+    denied(
+        kustomization(&n, "multi", json!({"kind": "TestSource", "name": "multi"})),
+        vec![
+            s("openflux:"),
+            s("2 Artifacts (m1, m2)"),
+            s("kind: Artifact"),
+        ],
+    )
+    .await;
+    denied(
+        kustomization(&n, "dup", json!({"kind": "TestSource", "name": "dup"})),
+        vec![
+            s("openflux:"),
+            s("TestSource.alt.e2e.openflux.dev, TestSource.e2e.openflux.dev"),
+            s("set apiVersion"),
+        ],
+    )
+    .await;
+    denied(
+        kustomization(
+            &n,
+            "elsewhere",
+            json!({"kind": "TestSource", "name": "web", "namespace": "elsewhere"}),
+        ),
+        vec![s("openflux:"), s("--no-cross-namespace-refs")],
+    )
+    .await;
+    denied(
+        kustomization(
+            &n,
+            "wrong-group",
+            json!({"apiVersion": SOURCE, "kind": "TestSource", "name": "web"}),
+        ),
+        vec![s("openflux:"), s("leave apiVersion out")],
+    )
+    .await;
+    denied(
+        json!({
+            "apiVersion": HELM, "kind": "HelmRelease",
+            "metadata": {"name": "templated", "namespace": n},
+            "spec": {"interval": "10m", "chart": {"spec": {
+                "chart": "hello", "sourceRef": {"kind": "TestSource", "name": "chart"}
+            }}}
+        }),
+        vec![s("openflux:"), s("spec.chartRef")],
+    )
+    .await;
+    // With apiVersion, the same name resolves.
+    let stored = env
+        .apply(&kustomization(
+            &n,
+            "dup",
+            json!({"apiVersion": ALT_SOURCE, "kind": "TestSource", "name": "dup"}),
+        ))
+        .await
+        .expect("an explicit apiVersion resolves");
+    assert_eq!(
+        field(&stored, "/spec/sourceRef/kind"),
+        Some(&json!("ExternalArtifact"))
+    );
+    ns.delete().await;
+}
