@@ -30,3 +30,11 @@ cluster-down:
 
 cluster-status:
 	$(CLUSTER) status
+
+# Container images without a container engine: release binaries for this
+# machine, packed with the libraries they need as OCI image archives in
+# target/images/ (README.md, "Images"; the Dockerfile builds the same images
+# with a container engine).
+.PHONY: images
+images:
+	CARGO="$(CARGO)" images/build
