@@ -1,5 +1,5 @@
 //! What the mirror and export controllers share: the context, the error type,
-//! conditions, and the memo that keeps a stale cache from causing a second
+//! the Ready condition of an Artifact, and the memo that keeps a stale cache from causing a second
 //! identical write.
 
 use std::collections::hash_map::DefaultHasher;
@@ -7,15 +7,14 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-use crate::api::{Artifact, ArtifactStatus, FIELD_MANAGER, READY};
+use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
 use crate::telemetry::Metrics;
 
@@ -86,40 +85,15 @@ pub fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// A condition of `type_`, keeping the transition time of `previous` when
-/// the status did not change.
-pub fn condition(
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: &str,
-    observed_generation: Option<i64>,
-    previous: Option<&Condition>,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let last_transition_time = match previous {
-        Some(p) if p.status == status => p.last_transition_time.clone(),
-        _ => Time(Timestamp::now()),
-    };
-    Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        observed_generation,
-        last_transition_time,
-    }
-}
-
 /// The `Ready` condition for `artifact`'s status.
 pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Condition {
-    condition(
-        READY,
+    conditions::ready(
         ok,
         reason,
         message,
         artifact.metadata.generation,
         artifact.ready_condition(),
+        &conditions::now(),
     )
 }
 
@@ -187,15 +161,5 @@ mod tests {
         );
         memo.forget("k");
         assert!(!memo.already_written("k", Some("1"), 7));
-    }
-
-    #[test]
-    fn condition_keeps_transition_time_while_status_holds() {
-        let first = condition("Ready", true, "A", "m", Some(1), None);
-        let same = condition("Ready", true, "B", "n", Some(2), Some(&first));
-        assert_eq!(same.last_transition_time, first.last_transition_time);
-        assert_eq!(same.reason, "B");
-        let flipped = condition("Ready", false, "C", "o", Some(2), Some(&first));
-        assert_eq!(flipped.status, "False");
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
 use kube::core::{ApiResource, DynamicObject};
@@ -20,10 +20,11 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::Controller;
 use kube::{Api, ResourceExt};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{
-    is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference, API_VERSION,
+    conditions, is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference, API_VERSION,
     ARTIFACT_LABEL, KIND, MANAGED_BY, MANAGED_BY_LABEL, READY,
 };
 use crate::controller::{apply_params, hash_of, ready, Context, Error};
@@ -168,25 +169,20 @@ pub fn desired_status(
     plan: &ExportPlan,
     generation: Option<i64>,
 ) -> Value {
-    let previous = current
+    let previous: Option<Condition> = current
         .and_then(|c| c.data.get("status"))
         .and_then(|s| s.get("conditions"))
         .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c["type"] == READY));
-    let since = match previous {
-        Some(p) if p["status"] == "True" => p["lastTransitionTime"].clone(),
-        _ => json!(Time(Timestamp::now())),
-    };
-    let mut condition = json!({
-        "type": READY,
-        "status": "True",
-        "reason": reason::SUCCEEDED,
-        "message": plan.message,
-        "lastTransitionTime": since,
-    });
-    if let Some(g) = generation {
-        condition["observedGeneration"] = json!(g);
-    }
+        .and_then(|cs| cs.iter().find(|c| c["type"] == READY))
+        .and_then(|c| Condition::deserialize(c).ok());
+    let condition = conditions::ready(
+        true,
+        reason::SUCCEEDED,
+        &plan.message,
+        generation,
+        previous.as_ref(),
+        &conditions::now(),
+    );
     json!({ "artifact": plan.artifact, "conditions": [condition] })
 }
 

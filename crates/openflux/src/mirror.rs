@@ -19,56 +19,14 @@ use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 use crate::api::{
-    reason, Artifact, ArtifactSpec, ArtifactStatus, FLUX_SOURCE_GROUP, MANAGED_BY,
-    MANAGED_BY_LABEL, READY, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    conditions, reason, Artifact, ArtifactSpec, ArtifactStatus, StockSource, FLUX_SOURCE_GROUP,
+    MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
-use crate::controller::{apply_params, condition, hash_of, Context, Error};
+use crate::controller::{apply_params, hash_of, Context, Error};
 use crate::naming;
 
-/// A stock source kind: its plural and the versions to try, preferred first.
-#[derive(Clone, Copy, Debug)]
-pub struct SourceKind {
-    pub kind: &'static str,
-    pub plural: &'static str,
-    pub versions: &'static [&'static str],
-}
-
-/// The stock Flux source kinds the mirror watches.
-pub const SOURCE_KINDS: [SourceKind; 6] = [
-    SourceKind {
-        kind: "GitRepository",
-        plural: "gitrepositories",
-        versions: &["v1"],
-    },
-    SourceKind {
-        kind: "OCIRepository",
-        plural: "ocirepositories",
-        versions: &["v1", "v1beta2"],
-    },
-    SourceKind {
-        kind: "Bucket",
-        plural: "buckets",
-        versions: &["v1"],
-    },
-    SourceKind {
-        kind: "HelmChart",
-        plural: "helmcharts",
-        versions: &["v1"],
-    },
-    SourceKind {
-        kind: "HelmRepository",
-        plural: "helmrepositories",
-        versions: &["v1"],
-    },
-    SourceKind {
-        kind: "ExternalArtifact",
-        plural: "externalartifacts",
-        versions: &["v1"],
-    },
-];
-
 /// Finds the first version of `kind` the API server serves.
-pub async fn discover(client: &Client, kind: &SourceKind) -> Option<ApiResource> {
+pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource> {
     for version in kind.versions {
         let gv = format!("{FLUX_SOURCE_GROUP}/{version}");
         let Ok(list) = client.list_api_group_resources(&gv).await else {
@@ -108,16 +66,18 @@ pub struct InvalidSource {
 }
 
 /// The Artifact a stock source implies. Pure: decides from the object alone.
-pub fn plan(kind: &str, api_version: &str, source: &DynamicObject) -> Result<Plan, InvalidSource> {
+pub fn plan(
+    stock: &StockSource,
+    api_version: &str,
+    source: &DynamicObject,
+) -> Result<Plan, InvalidSource> {
+    let kind = stock.kind;
     let name = source.name_any();
     let namespace = source.namespace().unwrap_or_default();
-    let labels = source.labels();
-    if kind == "ExternalArtifact"
-        && labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
-    {
+    if is_own_export(stock, source) {
         return Ok(Plan::Skip);
     }
-    let artifact_name = naming::mirror_artifact_name(kind, &name);
+    let artifact_name = naming::mirror_artifact_name(stock, &name);
     let Some(raw) = source.data.get("status").and_then(|s| s.get("artifact")) else {
         return Ok(Plan::Remove {
             name: artifact_name,
@@ -163,6 +123,13 @@ pub fn plan(kind: &str, api_version: &str, source: &DynamicObject) -> Result<Pla
     Ok(Plan::Mirror(Box::new(artifact)))
 }
 
+/// Whether `source` is an object openflux exported itself: mirroring it
+/// would loop.
+pub fn is_own_export(stock: &StockSource, source: &DynamicObject) -> bool {
+    *stock == StockSource::EXTERNAL_ARTIFACT
+        && source.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+}
+
 /// Drops what the mirror never reads from a cached source object.
 pub fn slim(source: &mut DynamicObject) {
     source.metadata.managed_fields = None;
@@ -204,13 +171,13 @@ pub fn mirrored_status(current: &Artifact, kind: &str, source: &str) -> Artifact
     ArtifactStatus {
         observed_generation: None,
         exported_ref: None,
-        conditions: vec![condition(
-            READY,
+        conditions: vec![conditions::ready(
             true,
             reason::MIRRORED,
             &format!("mirrored from {source}"),
             None,
             current.ready_condition(),
+            &conditions::now(),
         )],
         source: Some(source),
     }
@@ -218,7 +185,7 @@ pub fn mirrored_status(current: &Artifact, kind: &str, source: &str) -> Artifact
 
 /// One mirror controller for one source kind.
 pub struct Mirror {
-    pub kind: &'static str,
+    pub source: &'static StockSource,
     pub resource: ApiResource,
 }
 
@@ -235,7 +202,8 @@ impl Mirror {
         mut synced: crate::telemetry::SyncGuard,
         shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ) {
-        let kind = self.kind;
+        let stock = self.source;
+        let kind = stock.kind;
         let ar = Arc::new(self.resource.clone());
         // The mirror needs a source's identity and status.artifact only;
         // keeping nothing else keeps memory flat with thousands of sources.
@@ -260,7 +228,7 @@ impl Mirror {
             .graceful_shutdown_on(shutdown);
         controller
             .run(
-                move |source, ctx| reconcile(source, ctx, kind, ar.clone()),
+                move |source, ctx| reconcile(source, ctx, stock, ar.clone()),
                 move |source, error, ctx| {
                     tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
                     ctx.metrics.observe_reconcile("mirror", 0.0, false);
@@ -274,15 +242,15 @@ impl Mirror {
     }
 }
 
-#[tracing::instrument(skip_all, fields(kind = kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
+#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
 async fn reconcile(
     source: Arc<DynamicObject>,
     ctx: Arc<Context>,
-    kind: &'static str,
+    stock: &'static StockSource,
     ar: Arc<ApiResource>,
 ) -> Result<Action, Error> {
     let started = Instant::now();
-    let result = reconcile_inner(&source, &ctx, kind, &ar).await;
+    let result = reconcile_inner(&source, &ctx, stock, &ar).await;
     ctx.metrics
         .observe_reconcile("mirror", started.elapsed().as_secs_f64(), true);
     result
@@ -291,11 +259,12 @@ async fn reconcile(
 async fn reconcile_inner(
     source: &DynamicObject,
     ctx: &Context,
-    kind: &'static str,
+    stock: &'static StockSource,
     ar: &ApiResource,
 ) -> Result<Action, Error> {
+    let kind = stock.kind;
     let namespace = source.namespace().ok_or(Error::MissingField("namespace"))?;
-    let plan = match plan(kind, &ar.api_version, source) {
+    let plan = match plan(stock, &ar.api_version, source) {
         Ok(p) => p,
         Err(invalid) => {
             // Not retried: the source must change first.
@@ -401,8 +370,12 @@ mod tests {
             json!({"artifact": flux_artifact()}),
             json!({}),
         );
-        let Plan::Mirror(a) = plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap()
-        else {
+        let Plan::Mirror(a) = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap() else {
             panic!("expected a mirror plan")
         };
         assert_eq!(a.name_any(), "gitrepository-podinfo");
@@ -421,14 +394,14 @@ mod tests {
     fn no_artifact_means_remove() {
         let s = source("Bucket", json!({"conditions": []}), json!({}));
         assert_eq!(
-            plan("Bucket", "source.toolkit.fluxcd.io/v1", &s).unwrap(),
+            plan(&StockSource::BUCKET, "source.toolkit.fluxcd.io/v1", &s).unwrap(),
             Plan::Remove {
                 name: "bucket-podinfo".into()
             }
         );
         let s = source("Bucket", json!({"artifact": null}), json!({}));
         assert!(matches!(
-            plan("Bucket", "v", &s).unwrap(),
+            plan(&StockSource::BUCKET, "v", &s).unwrap(),
             Plan::Remove { .. }
         ));
     }
@@ -441,7 +414,12 @@ mod tests {
             json!({MANAGED_BY_LABEL: MANAGED_BY}),
         );
         assert_eq!(
-            plan("ExternalArtifact", "source.toolkit.fluxcd.io/v1", &ours).unwrap(),
+            plan(
+                &StockSource::EXTERNAL_ARTIFACT,
+                "source.toolkit.fluxcd.io/v1",
+                &ours
+            )
+            .unwrap(),
             Plan::Skip
         );
         let foreign = source(
@@ -450,7 +428,12 @@ mod tests {
             json!({}),
         );
         assert!(matches!(
-            plan("ExternalArtifact", "source.toolkit.fluxcd.io/v1", &foreign).unwrap(),
+            plan(
+                &StockSource::EXTERNAL_ARTIFACT,
+                "source.toolkit.fluxcd.io/v1",
+                &foreign
+            )
+            .unwrap(),
             Plan::Mirror(_)
         ));
     }
@@ -458,7 +441,12 @@ mod tests {
     #[test]
     fn malformed_artifact_is_an_error_not_a_panic() {
         let s = source("GitRepository", json!({"artifact": {"url": 5}}), json!({}));
-        let err = plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap_err();
+        let err = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("GitRepository apps/podinfo"),
             "{err}"
@@ -472,9 +460,12 @@ mod tests {
             json!({"artifact": flux_artifact()}),
             json!({}),
         );
-        let Plan::Mirror(desired) =
-            plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap()
-        else {
+        let Plan::Mirror(desired) = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap() else {
             panic!()
         };
         let mut current = (*desired).clone();
@@ -500,17 +491,27 @@ mod tests {
             json!({"artifact": flux_artifact(), "conditions": []}),
             json!({"a": "b"}),
         );
-        let before = plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap();
+        let before = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap();
         slim(&mut s);
         assert_eq!(s.data, json!({"status": {"artifact": flux_artifact()}}));
         assert_eq!(
-            plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap(),
+            plan(
+                &StockSource::GIT_REPOSITORY,
+                "source.toolkit.fluxcd.io/v1",
+                &s
+            )
+            .unwrap(),
             before
         );
         let mut gone = source("GitRepository", json!({}), json!({}));
         slim(&mut gone);
         assert!(matches!(
-            plan("GitRepository", "v", &gone).unwrap(),
+            plan(&StockSource::GIT_REPOSITORY, "v", &gone).unwrap(),
             Plan::Remove { .. }
         ));
     }
@@ -522,8 +523,12 @@ mod tests {
             json!({"artifact": flux_artifact()}),
             json!({}),
         );
-        let Plan::Mirror(mut a) = plan("GitRepository", "source.toolkit.fluxcd.io/v1", &s).unwrap()
-        else {
+        let Plan::Mirror(mut a) = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap() else {
             panic!()
         };
         let first = mirrored_status(&a, "GitRepository", "podinfo");

@@ -17,11 +17,11 @@ use kube::{Api, Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{is_stock_source, Artifact};
+use crate::api::{is_stock_source, Artifact, StockSource, STOCK_SOURCES};
 use crate::controller::{Context, WriteMemo};
 use crate::index::{IndexedArtifact, OwnerIndex};
 use crate::leader::{Elector, LeaseTimings};
-use crate::mirror::{self, Mirror, SOURCE_KINDS};
+use crate::mirror::{self, Mirror};
 use crate::telemetry::{self, Metrics, Readiness};
 
 /// Flags of `openflux run`, named as Flux controllers name theirs.
@@ -387,7 +387,7 @@ async fn run_controllers(
     let mut started: HashMap<&'static str, ()> = HashMap::new();
     let mut reported_missing: HashMap<&'static str, ()> = HashMap::new();
     loop {
-        for kind in SOURCE_KINDS.iter() {
+        for kind in STOCK_SOURCES.iter() {
             if started.contains_key(kind.kind) {
                 continue;
             }
@@ -395,7 +395,7 @@ async fn run_controllers(
                 Some(ar) => {
                     started.insert(kind.kind, ());
                     tracing::info!(kind = kind.kind, version = %ar.version, "mirroring source kind");
-                    if kind.kind == "ExternalArtifact" {
+                    if *kind == StockSource::EXTERNAL_ARTIFACT {
                         start_export_watch(&args, &ctx, &hub, &ar, &readiness, &shutdown);
                         if export_started {
                             // The export target appeared late: look again.
@@ -414,7 +414,7 @@ async fn run_controllers(
                         Api::namespaced_with(ctx.client.clone(), &args.namespace, &ar)
                     };
                     let m = Mirror {
-                        kind: kind.kind,
+                        source: kind,
                         resource: ar,
                     };
                     tasks.push(tokio::spawn(m.run(
@@ -446,7 +446,7 @@ async fn run_controllers(
                 &mut tasks,
             );
         }
-        if started.len() == SOURCE_KINDS.len() {
+        if started.len() == STOCK_SOURCES.len() {
             break;
         }
         tokio::select! {

@@ -28,12 +28,12 @@ use serde_json::{Map, Value};
 
 use super::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
 use super::review::{AdmissionRequest, Operation};
-use crate::api::{self, split_api_version, FLUX_SOURCE_GROUP, SOURCE_REF_ANNOTATION};
+use crate::api::{self, split_api_version, StockSource, FLUX_SOURCE_GROUP, SOURCE_REF_ANNOTATION};
 use crate::index::{LookupError, OwnerIndex};
 use crate::naming;
 
 /// The kind openflux exports custom sources as.
-pub const EXPORT_KIND: &str = "ExternalArtifact";
+pub const EXPORT_KIND: &str = StockSource::EXTERNAL_ARTIFACT.kind;
 /// The `apiVersion` openflux exports custom sources as.
 pub const EXPORT_API_VERSION: &str = "source.toolkit.fluxcd.io/v1";
 
@@ -471,7 +471,7 @@ impl<'a> Decider<'a> {
         match &artifact.owner {
             Some(owner) if api::is_stock_source(&owner.source.group, &owner.source.kind) => {
                 let kind = &owner.source.kind;
-                if !field.stock_kinds.contains(&kind.as_str()) {
+                if !field.accepts(kind) {
                     return Err(Decision::Deny {
                         message: format!(
                             "openflux: {} {namespace}/{name} comes from {kind} {namespace}/{}, which a {} cannot \
@@ -480,7 +480,7 @@ impl<'a> Decider<'a> {
                             owner.source.name,
                             self.consumer.kind,
                             found.label,
-                            field.stock_kinds.join(", ")
+                            field.stock_kind_list()
                         ),
                     });
                 }

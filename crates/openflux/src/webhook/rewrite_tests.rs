@@ -658,3 +658,13 @@ fn the_annotation_key_is_escaped_in_patches() {
         "{text}"
     );
 }
+
+#[test]
+fn exports_are_the_stock_external_artifact() {
+    let stock = StockSource::EXTERNAL_ARTIFACT;
+    assert_eq!(EXPORT_KIND, stock.kind);
+    assert_eq!(
+        EXPORT_API_VERSION,
+        format!("{FLUX_SOURCE_GROUP}/{}", stock.versions[0])
+    );
+}
