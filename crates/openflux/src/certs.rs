@@ -28,6 +28,8 @@ use rustls::ServerConfig;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use crate::locks;
+
 /// File name of the CA certificate, as in a `kubernetes.io/tls` Secret.
 pub const CA_FILE: &str = "ca.crt";
 /// File name of the serving certificate.
@@ -341,19 +343,12 @@ impl SwappableCert {
 
     /// Serves `next` from the next handshake on.
     pub fn set(&self, next: Arc<CertifiedKey>) {
-        let mut current = self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *current = next;
+        *locks::write(&self.current) = next;
     }
 
     /// The certificate served now.
     pub fn get(&self) -> Arc<CertifiedKey> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        locks::read(&self.current).clone()
     }
 }
 

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
+use crate::locks;
 use crate::telemetry::Metrics;
 
 /// Errors of a reconcile; all are retried.
@@ -110,23 +111,17 @@ impl WriteMemo {
     /// object at `resource_version`, which it still shows (so the cache has
     /// not caught up with that write yet).
     pub fn already_written(&self, key: &str, resource_version: Option<&str>, hash: u64) -> bool {
-        let Ok(map) = self.written.lock() else {
-            return false;
-        };
-        map.get(key)
+        locks::lock(&self.written)
+            .get(key)
             .is_some_and(|(rv, h)| *h == hash && rv.as_deref() == resource_version)
     }
 
     pub fn record(&self, key: String, resource_version_before: Option<String>, hash: u64) {
-        if let Ok(mut map) = self.written.lock() {
-            map.insert(key, (resource_version_before, hash));
-        }
+        locks::lock(&self.written).insert(key, (resource_version_before, hash));
     }
 
     pub fn forget(&self, key: &str) {
-        if let Ok(mut map) = self.written.lock() {
-            map.remove(key);
-        }
+        locks::lock(&self.written).remove(key);
     }
 }
 

@@ -29,6 +29,7 @@ use crate::api::{
 };
 use crate::controller::{apply_params, hash_of, ready, Context, Error};
 use crate::index::IndexedArtifact;
+use crate::locks;
 use crate::naming;
 
 /// The object an Artifact is exported as, and its status.
@@ -291,10 +292,7 @@ async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, E
         .owner
         .as_ref()
         .map(|o| format!("{}/{}", o.source.kind, o.source.name));
-    let export_name = match ctx.index.read() {
-        Ok(index) => index.export_name(&indexed),
-        Err(_) => return Err(Error::MissingField("owner index (poisoned lock)")),
-    };
+    let export_name = locks::read(&ctx.index).export_name(&indexed);
     let status =
         |ok: bool, reason: &str, message: &str, exported: Option<ObjectReference>| ArtifactStatus {
             observed_generation: artifact.metadata.generation,
@@ -303,7 +301,7 @@ async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, E
             conditions: vec![ready(artifact, ok, reason, message)],
         };
 
-    let target = ctx.export_target.read().ok().and_then(|t| t.clone());
+    let target = locks::read(&ctx.export_target).clone();
     let Some(target) = target else {
         let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
         ctx.apply_artifact_status(
@@ -325,11 +323,9 @@ async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, E
         }
     };
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &target);
-    let cached = ctx.exports.read().ok().and_then(|s| {
-        s.as_ref().and_then(|s| {
-            s.get(&ObjectRef::new_with(&export_name, target.clone()).within(&namespace))
-        })
-    });
+    let cached = locks::read(&ctx.exports)
+        .as_ref()
+        .and_then(|s| s.get(&ObjectRef::new_with(&export_name, target.clone()).within(&namespace)));
     // An object we did not create is not in the (labelled) cache: ask.
     let current: Option<DynamicObject> = match cached {
         Some(c) => Some((*c).clone()),

@@ -10,6 +10,7 @@ pub mod export;
 pub mod gate;
 pub mod index;
 pub mod leader;
+pub mod locks;
 pub mod mirror;
 pub mod naming;
 pub mod run;

@@ -61,12 +61,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             openflux::telemetry::init_logging(&args.log_level, args.log_encoding == "json")?;
             let client = client(cli.kubeconfig).await?;
             openflux::run::run(args, client, move |shared| {
-                let metrics = openflux::webhook::register(
-                    &mut shared
-                        .registry
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                );
+                let metrics =
+                    openflux::webhook::register(&mut openflux::locks::lock(&shared.registry));
                 openflux::webhook::serve(
                     webhook,
                     Some(shared.client.clone()),

@@ -21,6 +21,7 @@ use crate::api::{is_stock_source, Artifact, StockSource, STOCK_SOURCES};
 use crate::controller::{Context, WriteMemo};
 use crate::index::{IndexedArtifact, OwnerIndex};
 use crate::leader::{Elector, LeaseTimings};
+use crate::locks;
 use crate::mirror::{self, Mirror};
 use crate::telemetry::{self, Metrics, Readiness};
 
@@ -68,10 +69,8 @@ struct Hub {
 
 impl Hub {
     fn send_export(&self, artifact: Arc<Artifact>) {
-        if let Ok(guard) = self.export.read() {
-            if let Some(tx) = guard.as_ref() {
-                let _ = tx.unbounded_send(artifact);
-            }
+        if let Some(tx) = locks::read(&self.export).as_ref() {
+            let _ = tx.unbounded_send(artifact);
         }
     }
 
@@ -88,12 +87,10 @@ impl Hub {
         };
         match &indexed.owner {
             Some(owner) if is_stock_source(&owner.source.group, &owner.source.kind) => {
-                if let Ok(mirrors) = self.mirrors.read() {
-                    if let Some((ar, tx)) = mirrors.get(&owner.source.kind) {
-                        let r = ObjectRef::new_with(&owner.source.name, ar.clone())
-                            .within(&owner.source.namespace);
-                        let _ = tx.unbounded_send(r);
-                    }
+                if let Some((ar, tx)) = locks::read(&self.mirrors).get(&owner.source.kind) {
+                    let r = ObjectRef::new_with(&owner.source.name, ar.clone())
+                        .within(&owner.source.namespace);
+                    let _ = tx.unbounded_send(r);
                 }
             }
             owner => {
@@ -104,15 +101,11 @@ impl Hub {
                 }
                 // The export name of siblings depends on how many there are.
                 if let Some(owner) = owner {
-                    let siblings: Vec<_> = index
-                        .read()
-                        .map(|i| {
-                            i.artifacts_of_owner_uid(&owner.uid)
-                                .into_iter()
-                                .map(|s| s.key.clone())
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let siblings: Vec<_> = locks::read(index)
+                        .artifacts_of_owner_uid(&owner.uid)
+                        .into_iter()
+                        .map(|s| s.key.clone())
+                        .collect();
                     for key in siblings.into_iter().filter(|k| k != &indexed.key) {
                         if let Some(a) =
                             store.get(&ObjectRef::new(&key.name).within(&key.namespace))
@@ -351,7 +344,8 @@ async fn watch_artifacts(
         };
         warned = false;
         writer.apply_watcher_event(&event);
-        if let Ok(mut idx) = index.write() {
+        {
+            let mut idx = locks::write(&index);
             idx.apply_event(&event);
             metrics.indexed_artifacts.set(idx.len() as i64);
         }
@@ -405,9 +399,7 @@ async fn run_controllers(
                         }
                     }
                     let (tx, rx) = unbounded();
-                    if let Ok(mut m) = hub.mirrors.write() {
-                        m.insert(kind.kind.to_string(), (ar.clone(), tx));
-                    }
+                    locks::write(&hub.mirrors).insert(kind.kind.to_string(), (ar.clone(), tx));
                     let api: Api<DynamicObject> = if args.watch_all_namespaces {
                         Api::all_with(ctx.client.clone(), &ar)
                     } else {
@@ -470,9 +462,7 @@ fn start_export_controller(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) {
     let (export_tx, export_rx) = unbounded();
-    if let Ok(mut e) = hub.export.write() {
-        *e = Some(export_tx);
-    }
+    *locks::write(&hub.export) = Some(export_tx);
     tasks.push(tokio::spawn(crate::export::run(
         ctx.clone(),
         ctx.artifacts.clone(),
@@ -501,18 +491,14 @@ fn start_export_watch(
     readiness: &Arc<Readiness>,
     shutdown: &CancellationToken,
 ) {
-    if let Ok(mut t) = ctx.export_target.write() {
-        *t = Some(ar.clone());
-    }
+    *locks::write(&ctx.export_target) = Some(ar.clone());
     let api: Api<DynamicObject> = if args.watch_all_namespaces {
         Api::all_with(ctx.client.clone(), ar)
     } else {
         Api::namespaced_with(ctx.client.clone(), &args.namespace, ar)
     };
     let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-    if let Ok(mut e) = ctx.exports.write() {
-        *e = Some(writer.as_reader());
-    }
+    *locks::write(&ctx.exports) = Some(writer.as_reader());
     let wc = watcher::Config::default()
         .labels(&crate::export::managed_selector())
         .any_semantic();

@@ -17,6 +17,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::{fmt, EnvFilter};
 
+use crate::locks;
+
 /// Sets up logging: `level` is a tracing filter (`info`, `debug`,
 /// `openflux=debug,kube=info`, ...); `json` selects structured JSON lines.
 pub fn init_logging(level: &str, json: bool) -> anyhow::Result<()> {
@@ -162,10 +164,7 @@ struct HttpState {
 
 async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
     let mut body = String::new();
-    let encoded = match s.registry.lock() {
-        Ok(registry) => prometheus_client::encoding::text::encode(&mut body, &registry),
-        Err(_) => Err(std::fmt::Error),
-    };
+    let encoded = prometheus_client::encoding::text::encode(&mut body, &locks::lock(&s.registry));
     match encoded {
         Ok(()) => (
             StatusCode::OK,

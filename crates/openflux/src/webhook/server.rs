@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -26,6 +26,7 @@ use super::metrics::WebhookMetrics;
 use super::review::{self, ReviewError};
 use super::rewrite::{decide, Decision, Options};
 use crate::index::OwnerIndex;
+use crate::locks;
 
 /// Path the API server posts AdmissionReviews to.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -94,7 +95,7 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
     );
     let decision = {
         // Hold the read lock for the decision only; it never crosses an await.
-        let index = state.index.read().unwrap_or_else(PoisonError::into_inner);
+        let index = locks::read(&state.index);
         decide(&request, &index, &state.options)
     };
     let outcome = decision.outcome();
