@@ -9,7 +9,7 @@
 //! Artifact in `status.artifact` with a `Ready` condition.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -257,9 +257,8 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |artifact, error, ctx| {
+            |artifact, error, _ctx| {
                 tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
-                ctx.metrics.observe_reconcile("export", 0.0, false);
                 Action::requeue(Duration::from_secs(5))
             },
             ctx,
@@ -271,11 +270,8 @@ pub async fn run(
 
 #[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
 async fn reconcile(artifact: Arc<Artifact>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_inner(&artifact, &ctx).await;
-    ctx.metrics
-        .observe_reconcile("export", started.elapsed().as_secs_f64(), true);
-    result
+    let measure = ctx.metrics.reconcile("export");
+    measure.outcome(reconcile_inner(&artifact, &ctx).await)
 }
 
 async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, Error> {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -229,9 +229,8 @@ impl Mirror {
         controller
             .run(
                 move |source, ctx| reconcile(source, ctx, stock, ar.clone()),
-                move |source, error, ctx| {
+                move |source, error, _ctx| {
                     tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
-                    ctx.metrics.observe_reconcile("mirror", 0.0, false);
                     Action::requeue(Duration::from_secs(5))
                 },
                 ctx,
@@ -249,11 +248,8 @@ async fn reconcile(
     stock: &'static StockSource,
     ar: Arc<ApiResource>,
 ) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_inner(&source, &ctx, stock, &ar).await;
-    ctx.metrics
-        .observe_reconcile("mirror", started.elapsed().as_secs_f64(), true);
-    result
+    let measure = ctx.metrics.reconcile("mirror");
+    measure.outcome(reconcile_inner(&source, &ctx, stock, &ar).await)
 }
 
 async fn reconcile_inner(
