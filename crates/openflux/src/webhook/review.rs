@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::rewrite::Decision;
+use super::decision::Decision;
 
 /// `apiVersion` of the AdmissionReview openflux speaks.
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
@@ -111,47 +111,58 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
         .map_err(|e| invalid(format!("the AdmissionReview request is malformed: {e}")))
 }
 
+/// A decision that cannot be put on the wire: the JSON patch openflux built
+/// does not serialize. openflux's own code rules this out, so it is an
+/// internal error, answered as such and never as an empty patch.
+#[derive(Debug, thiserror::Error)]
+#[error("openflux cannot encode the JSON patch it decided on: {0}")]
+pub struct EncodeError(#[from] serde_json::Error);
+
 /// The AdmissionReview answering request `uid` with `decision`.
-pub fn response(uid: &str, decision: &Decision) -> Value {
+pub fn response(uid: &str, decision: &Decision) -> Result<Value, EncodeError> {
     let mut response = json!({ "uid": uid, "allowed": true });
     match decision {
         Decision::Unchanged => {}
         Decision::Rewrite { patch, warnings } => {
-            // The patch is plain data built by openflux; serializing it cannot fail.
-            let bytes = serde_json::to_vec(patch).unwrap_or_default();
+            let bytes = serde_json::to_vec(patch)?;
             response["patchType"] = json!("JSONPatch");
             response["patch"] = json!(k8s_openapi::ByteString(bytes));
             if !warnings.is_empty() {
                 response["warnings"] = json!(warnings);
             }
         }
-        Decision::Deny { message } => {
-            response["allowed"] = json!(false);
-            response["status"] = status(403, "Forbidden", message);
-        }
-        Decision::Error { code, message } => {
-            response["allowed"] = json!(false);
-            let reason = match code {
-                400 => "BadRequest",
-                503 => "ServiceUnavailable",
-                _ => "InternalError",
-            };
-            response["status"] = status(*code, reason, message);
-        }
+        Decision::Deny { message } => return Ok(refusal(uid, 403, message)),
+        Decision::Error { code, message } => return Ok(refusal(uid, *code, message)),
     }
+    Ok(review(response))
+}
+
+/// The AdmissionReview refusing request `uid` with HTTP status `code`
+/// (403: denied; 400, 500, 503: not decided) and `message`.
+pub fn refusal(uid: &str, code: u16, message: &str) -> Value {
+    let reason = match code {
+        400 => "BadRequest",
+        403 => "Forbidden",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    review(json!({
+        "uid": uid,
+        "allowed": false,
+        "status": {
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": message,
+        },
+    }))
+}
+
+fn review(response: Value) -> Value {
     json!({
         "apiVersion": ADMISSION_API_VERSION,
         "kind": ADMISSION_KIND,
         "response": response,
-    })
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "status": "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
     })
 }
 
@@ -222,7 +233,8 @@ mod tests {
                 patch,
                 warnings: vec!["w".into()],
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(out["response"]["uid"], "u-1");
         assert_eq!(out["response"]["allowed"], true);
@@ -241,7 +253,8 @@ mod tests {
             &Decision::Deny {
                 message: "no".into(),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["response"]["allowed"], false);
         assert_eq!(out["response"]["status"]["code"], 403);
         assert_eq!(out["response"]["status"]["message"], "no");
@@ -252,11 +265,18 @@ mod tests {
                 code: 400,
                 message: "bad".into(),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["response"]["status"]["code"], 400);
         assert_eq!(out["response"]["status"]["reason"], "BadRequest");
 
-        let out = response("u-4", &Decision::Unchanged);
+        let out = response("u-4", &Decision::Unchanged).unwrap();
         assert_eq!(out["response"], json!({"uid": "u-4", "allowed": true}));
+
+        let out = response("u-5", &Decision::internal("impossible")).unwrap();
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 500);
+        assert_eq!(out["response"]["status"]["reason"], "InternalError");
+        assert_eq!(out, refusal("u-5", 500, "impossible"));
     }
 }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
+use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
 use crate::api::{self, split_api_version, StockSource, FLUX_SOURCE_GROUP, SOURCE_REF_ANNOTATION};
 use crate::index::{LookupError, OwnerIndex};
@@ -36,50 +37,6 @@ use crate::naming;
 pub const EXPORT_KIND: &str = StockSource::EXTERNAL_ARTIFACT.kind;
 /// The `apiVersion` openflux exports custom sources as.
 pub const EXPORT_API_VERSION: &str = "source.toolkit.fluxcd.io/v1";
-
-/// Switches that change decisions.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Options {
-    /// Deny references to a source in another namespace, as Flux's
-    /// `--no-cross-namespace-refs` does.
-    pub no_cross_namespace_refs: bool,
-}
-
-/// What the webhook answers.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
-    /// Admit the object as it is.
-    Unchanged,
-    /// Admit the object with this JSON patch (RFC 6902) applied.
-    Rewrite {
-        patch: Patch,
-        /// Admission warnings shown to the person applying the object.
-        warnings: Vec<String>,
-    },
-    /// Refuse the object; the message says what to change.
-    Deny { message: String },
-    /// The request cannot be decided: malformed (400) or openflux not ready (503).
-    Error { code: u16, message: String },
-}
-
-impl Decision {
-    /// The value of the `outcome` metric label.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            Decision::Unchanged => "unchanged",
-            Decision::Rewrite { .. } => "rewritten",
-            Decision::Deny { .. } => "denied",
-            Decision::Error { .. } => "error",
-        }
-    }
-
-    fn bad_request(message: impl Into<String>) -> Self {
-        Decision::Error {
-            code: 400,
-            message: message.into(),
-        }
-    }
-}
 
 /// A source reference as a consumer spells it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,7 +227,7 @@ impl<'a> Decider<'a> {
                 }));
             }
         }
-        let annotation = self.annotation(field, &rewritten);
+        let annotation = self.annotation(field, &rewritten)?;
         if let Some(op) = annotation_op(self.object, &annotation) {
             ops.push(op);
         }
@@ -495,21 +452,26 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// The annotation value recording the original references.
-    fn annotation(&self, field: &RefField, rewritten: &[Rewritten]) -> String {
+    /// The annotation value recording the original references of
+    /// `rewritten` (never empty).
+    fn annotation(&self, field: &RefField, rewritten: &[Rewritten]) -> Result<String, Decision> {
         match field.shape {
-            RefShape::One => rewritten
-                .first()
-                .map(|r| compact(&r.original))
-                .unwrap_or_default(),
+            RefShape::One => match rewritten {
+                [one] => compact(&one.original),
+                _ => Err(Decision::internal(format!(
+                    "{}: {} rewritten references in {}, which holds one",
+                    self.display,
+                    rewritten.len(),
+                    field.dotted()
+                ))),
+            },
             RefShape::ListByKey(_) => {
                 let mut map: BTreeMap<String, SourceRef> = BTreeMap::new();
                 // Entries already rewritten earlier keep their original.
                 if let Some(previous) = annotation_of(self.object)
                     .and_then(|a| serde_json::from_str::<BTreeMap<String, SourceRef>>(a).ok())
                 {
-                    let located = locate(self.object, field, &self.display).unwrap_or_default();
-                    for found in located {
+                    for found in locate(self.object, field, &self.display)? {
                         let Some(key) = &found.key else { continue };
                         let exported = SourceRef::from_value(found.value).is_ok_and(|r| {
                             r.kind == EXPORT_KIND && is_stock_ref(r.api_version.as_deref(), &r.kind)
@@ -539,9 +501,14 @@ fn export_target(name: String) -> Target {
     }
 }
 
-fn compact(value: &impl Serialize) -> String {
-    // Plain strings and maps of them always serialize.
-    serde_json::to_string(value).unwrap_or_default()
+/// `value` as compact JSON. References are plain strings, so this cannot
+/// fail; if it did, the request is refused rather than annotated with nothing.
+fn compact(value: &impl Serialize) -> Result<String, Decision> {
+    serde_json::to_string(value).map_err(|e| {
+        Decision::internal(format!(
+            "openflux cannot encode the original source reference: {e}"
+        ))
+    })
 }
 
 /// The openflux annotation of an object, if set.
