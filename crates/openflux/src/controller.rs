@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
-use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -30,17 +29,14 @@ pub enum Error {
     MissingField(&'static str),
 }
 
-/// State shared by every reconcile.
+/// State every reconcile of the mirror and export controllers shares, built
+/// once when openflux starts.
 pub struct Context {
     pub client: Client,
-    /// All Artifacts in the watched namespaces.
+    /// All Artifacts in the watched namespaces, as the Artifact watch keeps them.
     pub artifacts: Store<Artifact>,
     pub index: Arc<RwLock<OwnerIndex>>,
     pub metrics: Metrics,
-    /// The resource exported objects are written as, once the cluster serves it.
-    pub export_target: RwLock<Option<ApiResource>>,
-    /// Exported objects (labelled as managed by openflux), once watched.
-    pub exports: RwLock<Option<Store<DynamicObject>>>,
     pub memo: WriteMemo,
 }
 

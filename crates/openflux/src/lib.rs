@@ -13,6 +13,6 @@ pub mod leader;
 pub mod locks;
 pub mod mirror;
 pub mod naming;
-pub mod run;
+pub mod runtime;
 pub mod telemetry;
 pub mod webhook;

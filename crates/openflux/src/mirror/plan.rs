@@ -1,48 +1,19 @@
-//! The mirror controller: one Artifact for every stock Flux source that has
-//! an artifact in its status.
-//!
-//! The Artifact is named after the source's kind and name, controlled by the
-//! source (so garbage collection removes it with the source), and written by
-//! server-side apply only when it differs from what the source says.
+//! What the mirror decides, from a stock source object alone: the Artifact
+//! it implies (or that it has none), whether a stored Artifact already says
+//! it, and the status openflux keeps on it. Plain functions from data to data.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ObjectMeta, Patch, Preconditions};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::api::ObjectMeta;
+use kube::core::DynamicObject;
+use kube::ResourceExt;
 
 use crate::api::{
-    conditions, reason, Artifact, ArtifactSpec, ArtifactStatus, StockSource, FLUX_SOURCE_GROUP,
-    MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    conditions, reason, Artifact, ArtifactSpec, ArtifactStatus, StockSource, MANAGED_BY,
+    MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
-use crate::controller::{apply_params, hash_of, Context, Error};
 use crate::naming;
-
-/// Finds the first version of `kind` the API server serves.
-pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource> {
-    for version in kind.versions {
-        let gv = format!("{FLUX_SOURCE_GROUP}/{version}");
-        let Ok(list) = client.list_api_group_resources(&gv).await else {
-            continue;
-        };
-        if list
-            .resources
-            .iter()
-            .any(|r| r.kind == kind.kind && r.name == kind.plural)
-        {
-            let gvk = GroupVersionKind::gvk(FLUX_SOURCE_GROUP, version, kind.kind);
-            return Some(ApiResource::from_gvk_with_plural(&gvk, kind.plural));
-        }
-    }
-    None
-}
 
 /// What the mirror should do for one source.
 #[derive(Debug, PartialEq)]
@@ -180,155 +151,6 @@ pub fn mirrored_status(current: &Artifact, kind: &str, source: &str) -> Artifact
             &conditions::now(),
         )],
         source: Some(source),
-    }
-}
-
-/// One mirror controller for one source kind.
-pub struct Mirror {
-    pub source: &'static StockSource,
-    pub resource: ApiResource,
-}
-
-impl Mirror {
-    /// Runs until `shutdown`. `triggers` asks for a source to be reconciled
-    /// again (its Artifact changed or went away). `synced` fires once the
-    /// source watch listed everything.
-    pub async fn run(
-        self,
-        ctx: Arc<Context>,
-        sources: Api<DynamicObject>,
-        triggers: impl futures::Stream<Item = ObjectRef<DynamicObject>> + Send + 'static,
-        concurrency: u16,
-        mut synced: crate::telemetry::SyncGuard,
-        shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-    ) {
-        let stock = self.source;
-        let kind = stock.kind;
-        let ar = Arc::new(self.resource.clone());
-        // The mirror needs a source's identity and status.artifact only;
-        // keeping nothing else keeps memory flat with thousands of sources.
-        let writer = reflector::store::Writer::<DynamicObject>::new(self.resource.clone());
-        let reader = writer.as_reader();
-        // Readiness follows the watch itself: the store's wait_until_ready
-        // wakes only one waiter, and the controller is already one.
-        let stream = watcher(sources, watcher::Config::default().any_semantic())
-            .default_backoff()
-            .inspect(move |event| {
-                if let Ok(watcher::Event::InitDone) = event {
-                    tracing::debug!(kind, "source watch synced");
-                    synced.synced();
-                }
-            })
-            .modify(slim)
-            .reflect(writer)
-            .applied_objects();
-        let controller = Controller::for_stream_with(stream, reader, self.resource)
-            .with_config(ControllerConfig::default().concurrency(concurrency))
-            .reconcile_on(triggers)
-            .graceful_shutdown_on(shutdown);
-        controller
-            .run(
-                move |source, ctx| reconcile(source, ctx, stock, ar.clone()),
-                move |source, error, _ctx| {
-                    tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
-                    Action::requeue(Duration::from_secs(5))
-                },
-                ctx,
-            )
-            .for_each(|_| futures::future::ready(()))
-            .await;
-        tracing::info!(kind, "mirror controller stopped");
-    }
-}
-
-#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
-async fn reconcile(
-    source: Arc<DynamicObject>,
-    ctx: Arc<Context>,
-    stock: &'static StockSource,
-    ar: Arc<ApiResource>,
-) -> Result<Action, Error> {
-    let measure = ctx.metrics.reconcile("mirror");
-    measure.outcome(reconcile_inner(&source, &ctx, stock, &ar).await)
-}
-
-async fn reconcile_inner(
-    source: &DynamicObject,
-    ctx: &Context,
-    stock: &'static StockSource,
-    ar: &ApiResource,
-) -> Result<Action, Error> {
-    let kind = stock.kind;
-    let namespace = source.namespace().ok_or(Error::MissingField("namespace"))?;
-    let plan = match plan(stock, &ar.api_version, source) {
-        Ok(p) => p,
-        Err(invalid) => {
-            // Not retried: the source must change first.
-            tracing::warn!(error = %invalid, "not mirroring");
-            return Ok(Action::await_change());
-        }
-    };
-    let api = ctx.artifact_api(&namespace);
-    match plan {
-        Plan::Skip => Ok(Action::await_change()),
-        Plan::Remove { name } => {
-            let current = ctx.artifacts.get(&ObjectRef::new(&name).within(&namespace));
-            let source_uid = source.uid();
-            if let Some(current) = current {
-                let ours = current
-                    .controller_owner()
-                    .is_some_and(|o| Some(&o.uid) == source_uid.as_ref());
-                if ours {
-                    let dp = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: current.uid(),
-                            resource_version: None,
-                        }),
-                        ..Default::default()
-                    };
-                    match api.delete(&name, &dp).await {
-                        Ok(_) => {
-                            tracing::info!(artifact = %name, "source has no artifact any more; deleted its Artifact")
-                        }
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    ctx.memo.forget(&format!("artifact/{namespace}/{name}"));
-                }
-            }
-            Ok(Action::await_change())
-        }
-        Plan::Mirror(desired) => {
-            let name = desired.name_any();
-            let current = ctx.artifacts.get(&ObjectRef::new(&name).within(&namespace));
-            let key = format!("artifact/{namespace}/{name}");
-            let hash = hash_of(&*desired)?;
-            let rv = current.as_ref().and_then(|c| c.resource_version());
-            let written = match &current {
-                Some(c) if up_to_date(c, &desired) => None,
-                _ if ctx.memo.already_written(&key, rv.as_deref(), hash) => None,
-                _ => {
-                    let applied = api
-                        .patch(&name, &apply_params(), &Patch::Apply(&*desired))
-                        .await?;
-                    ctx.memo.record(key, rv, hash);
-                    ctx.metrics
-                        .mirrored
-                        .get_or_create(&crate::telemetry::KindLabels {
-                            kind: kind.to_string(),
-                        })
-                        .inc();
-                    tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
-                    Some(applied)
-                }
-            };
-            let latest = written.as_ref().or(current.as_deref());
-            if let Some(latest) = latest {
-                let status = mirrored_status(latest, kind, &source.name_any());
-                ctx.apply_artifact_status(latest, status).await?;
-            }
-            Ok(Action::await_change())
-        }
     }
 }
 
