@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::api::{Artifact, ArtifactSpec};
+use crate::api::{Artifact, ArtifactSpec, StockSource, SOURCE_REF_ANNOTATION};
 use crate::webhook::review;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";

@@ -4,7 +4,8 @@
 //! options. A reference to a stock Flux source is never changed. A reference
 //! to any other kind is resolved through the owner index and replaced by a
 //! reference to the object openflux exports for it; the reference as the
-//! person wrote it is kept in the [`SOURCE_REF_ANNOTATION`] annotation:
+//! person wrote it is kept in the
+//! [`SOURCE_REF_ANNOTATION`](crate::api::SOURCE_REF_ANNOTATION) annotation:
 //!
 //! - for a consumer with one reference (Kustomization `spec.sourceRef`,
 //!   HelmRelease `spec.chartRef`), the annotation holds that reference as
@@ -22,58 +23,21 @@
 use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use json_patch::{Patch, PatchOperation, ReplaceOperation};
+use serde_json::Value;
 
 use super::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
 use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
-use crate::api::{self, split_api_version, StockSource, FLUX_SOURCE_GROUP, SOURCE_REF_ANNOTATION};
-use crate::index::{LookupError, OwnerIndex};
-use crate::naming;
+use crate::api::{self, FLUX_SOURCE_GROUP};
+use crate::index::OwnerIndex;
 
-/// The kind openflux exports custom sources as.
-pub const EXPORT_KIND: &str = StockSource::EXTERNAL_ARTIFACT.kind;
-/// The `apiVersion` openflux exports custom sources as.
-pub const EXPORT_API_VERSION: &str = "source.toolkit.fluxcd.io/v1";
+mod refs;
+mod targets;
 
-/// A source reference as a consumer spells it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SourceRef {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    pub kind: String,
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-}
-
-impl SourceRef {
-    /// Reads a reference from JSON; empty strings count as unset, the way
-    /// Flux's `omitempty` fields do.
-    fn from_value(value: &Value) -> Result<Self, String> {
-        let text = |field: &str| -> Result<Option<String>, String> {
-            match value.get(field) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) if s.is_empty() => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(format!("{field} is not a string")),
-            }
-        };
-        Ok(Self {
-            api_version: text("apiVersion")?,
-            kind: text("kind")?.ok_or("kind is not set")?,
-            name: text("name")?.ok_or("name is not set")?,
-            namespace: text("namespace")?,
-        })
-    }
-
-    fn group(&self) -> Option<&str> {
-        self.api_version.as_deref().map(|v| split_api_version(v).0)
-    }
-}
+pub use refs::SourceRef;
+use refs::{annotation_of, annotation_op, compact, locate, Located};
+pub use targets::{EXPORT_API_VERSION, EXPORT_KIND};
 
 /// Decides one admission request. Never panics and makes no I/O.
 pub fn decide(request: &AdmissionRequest, index: &OwnerIndex, options: &Options) -> Decision {
@@ -84,31 +48,12 @@ pub fn decide(request: &AdmissionRequest, index: &OwnerIndex, options: &Options)
     }
 }
 
-/// One reference found in an object.
-struct Located<'a> {
-    /// JSON pointer of the reference object.
-    pointer: PointerBuf,
-    /// Where to say it is, e.g. `spec.sources[alias=web]`.
-    label: String,
-    /// The list key's value, for list references.
-    key: Option<String>,
-    value: &'a Value,
-}
-
 /// A reference that gets rewritten.
 struct Rewritten {
     pointer: PointerBuf,
     key: Option<String>,
     value: Value,
     original: SourceRef,
-    warning: Option<String>,
-}
-
-/// Where a resolved reference points.
-struct Target {
-    api_version: String,
-    kind: String,
-    name: String,
     warning: Option<String>,
 }
 
@@ -341,117 +286,6 @@ impl<'a> Decider<'a> {
             .any(|o| o.api_version == r.api_version)
     }
 
-    /// Where a reference to a (custom) source points.
-    fn source_target(
-        &self,
-        field: &RefField,
-        found: &Located<'_>,
-        r: &SourceRef,
-        namespace: &str,
-    ) -> Result<Target, Decision> {
-        match self.index.lookup_source(r.group(), &r.kind, namespace, &r.name) {
-            Err(LookupError::Ambiguous { candidates, .. }) => Err(Decision::Deny {
-                message: format!(
-                    "openflux: {} refers to {} {namespace}/{} in {} without apiVersion, and several APIs \
-                     have such a source: {}; set apiVersion in {} to pick one",
-                    self.display,
-                    r.kind,
-                    r.name,
-                    found.label,
-                    candidates.join(", "),
-                    found.label
-                ),
-            }),
-            Ok(None) => {
-                let name = naming::export_name(&r.kind, &r.name);
-                Ok(Target {
-                    warning: Some(format!(
-                        "{} {namespace}/{} has no Artifact yet; Flux will wait until openflux exports \
-                         {EXPORT_KIND} {namespace}/{name}",
-                        r.kind, r.name
-                    )),
-                    ..export_target(name)
-                })
-            }
-            Ok(Some(found_source)) => match found_source.artifacts.as_slice() {
-                [one] => {
-                    let name = self
-                        .index
-                        .artifact(namespace, one)
-                        .map(|a| self.index.export_name(a))
-                        .unwrap_or_else(|| naming::export_name(&r.kind, &r.name));
-                    Ok(export_target(name))
-                }
-                many => {
-                    let how = if field.has_api_version {
-                        format!("apiVersion: {}, kind: {}", api::API_VERSION, api::KIND)
-                    } else {
-                        format!("kind: {}", api::KIND)
-                    };
-                    Err(Decision::Deny {
-                        message: format!(
-                            "openflux: {} {namespace}/{} has {} Artifacts ({}), so {} of {} is ambiguous; \
-                             reference one of them with {how} and its name",
-                            r.kind,
-                            r.name,
-                            many.len(),
-                            many.join(", "),
-                            found.label,
-                            self.display
-                        ),
-                    })
-                }
-            },
-        }
-    }
-
-    /// Where a reference to one Artifact points: its export, or the stock
-    /// source it was mirrored from.
-    fn artifact_target(
-        &self,
-        field: &RefField,
-        found: &Located<'_>,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Target, Decision> {
-        let Some(artifact) = self.index.artifact(namespace, name) else {
-            let export = naming::export_name_for_artifact(name);
-            return Ok(Target {
-                warning: Some(format!(
-                    "{} {namespace}/{name} does not exist yet; Flux will wait until openflux exports \
-                     {EXPORT_KIND} {namespace}/{export}",
-                    api::KIND
-                )),
-                ..export_target(export)
-            });
-        };
-        match &artifact.owner {
-            Some(owner) if api::is_stock_source(&owner.source.group, &owner.source.kind) => {
-                let kind = &owner.source.kind;
-                if !field.accepts(kind) {
-                    return Err(Decision::Deny {
-                        message: format!(
-                            "openflux: {} {namespace}/{name} comes from {kind} {namespace}/{}, which a {} cannot \
-                             take in {} (it takes {})",
-                            api::KIND,
-                            owner.source.name,
-                            self.consumer.kind,
-                            found.label,
-                            field.stock_kind_list()
-                        ),
-                    });
-                }
-                Ok(Target {
-                    api_version: owner.api_version.clone(),
-                    kind: kind.clone(),
-                    name: owner.source.name.clone(),
-                    warning: None,
-                })
-            }
-            _ => Ok(export_target(self.index.export_name(artifact))),
-        }
-    }
-
     /// The annotation value recording the original references of
     /// `rewritten` (never empty).
     fn annotation(&self, field: &RefField, rewritten: &[Rewritten]) -> Result<String, Decision> {
@@ -492,126 +326,5 @@ impl<'a> Decider<'a> {
     }
 }
 
-fn export_target(name: String) -> Target {
-    Target {
-        api_version: EXPORT_API_VERSION.to_string(),
-        kind: EXPORT_KIND.to_string(),
-        name,
-        warning: None,
-    }
-}
-
-/// `value` as compact JSON. References are plain strings, so this cannot
-/// fail; if it did, the request is refused rather than annotated with nothing.
-fn compact(value: &impl Serialize) -> Result<String, Decision> {
-    serde_json::to_string(value).map_err(|e| {
-        Decision::internal(format!(
-            "openflux cannot encode the original source reference: {e}"
-        ))
-    })
-}
-
-/// The openflux annotation of an object, if set.
-fn annotation_of(object: &Value) -> Option<&str> {
-    object
-        .get("metadata")?
-        .get("annotations")?
-        .get(SOURCE_REF_ANNOTATION)?
-        .as_str()
-}
-
-/// The patch operation that sets the annotation, if it is not set to `value`.
-fn annotation_op(object: &Value, value: &str) -> Option<PatchOperation> {
-    if annotation_of(object) == Some(value) {
-        return None;
-    }
-    let metadata = object.get("metadata").filter(|m| m.is_object());
-    let annotations = metadata
-        .and_then(|m| m.get("annotations"))
-        .filter(|a| a.is_object());
-    let mut entry = Map::new();
-    entry.insert(SOURCE_REF_ANNOTATION.into(), Value::String(value.into()));
-    let (path, value) = match (metadata, annotations) {
-        (Some(_), Some(_)) => (
-            PointerBuf::from_tokens(["metadata", "annotations", SOURCE_REF_ANNOTATION]),
-            Value::String(value.into()),
-        ),
-        (Some(_), None) => (
-            PointerBuf::from_tokens(["metadata", "annotations"]),
-            Value::Object(entry),
-        ),
-        (None, _) => {
-            let mut metadata = Map::new();
-            metadata.insert("annotations".into(), Value::Object(entry));
-            (
-                PointerBuf::from_tokens(["metadata"]),
-                Value::Object(metadata),
-            )
-        }
-    };
-    Some(PatchOperation::Add(AddOperation { path, value }))
-}
-
-/// The references of `field` in `object`; none when the field is absent.
-fn locate<'v>(
-    object: &'v Value,
-    field: &RefField,
-    display: &str,
-) -> Result<Vec<Located<'v>>, Decision> {
-    let mut value = object;
-    for part in field.path {
-        match value.get(part) {
-            None | Some(Value::Null) => return Ok(Vec::new()),
-            Some(v) => value = v,
-        }
-    }
-    let dotted = field.dotted();
-    let pointer = PointerBuf::from_tokens(field.path.iter().copied());
-    match field.shape {
-        RefShape::One => {
-            if !value.is_object() {
-                return Err(Decision::bad_request(format!(
-                    "{display}: {dotted} is not an object"
-                )));
-            }
-            Ok(vec![Located {
-                pointer,
-                label: dotted,
-                key: None,
-                value,
-            }])
-        }
-        RefShape::ListByKey(key_field) => {
-            let Some(items) = value.as_array() else {
-                return Err(Decision::bad_request(format!(
-                    "{display}: {dotted} is not a list"
-                )));
-            };
-            let mut found = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                let key = item
-                    .get(key_field)
-                    .and_then(Value::as_str)
-                    .filter(|k| !k.is_empty())
-                    .ok_or_else(|| {
-                        Decision::bad_request(format!(
-                            "{display}: {dotted}[{i}] has no {key_field}"
-                        ))
-                    })?;
-                let mut item_pointer = pointer.clone();
-                item_pointer.push_back(i);
-                found.push(Located {
-                    pointer: item_pointer,
-                    label: format!("{dotted}[{key_field}={key}]"),
-                    key: Some(key.to_string()),
-                    value: item,
-                });
-            }
-            Ok(found)
-        }
-    }
-}
-
 #[cfg(test)]
-#[path = "rewrite_tests.rs"]
 mod tests;
