@@ -30,7 +30,7 @@ use kube::ResourceExt;
 
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
-use crate::mirror::is_own_export;
+use crate::mirror::plan::is_own_export;
 
 /// What a watch saw.
 #[derive(Debug)]

@@ -37,6 +37,7 @@ mod targets;
 
 pub use refs::SourceRef;
 use refs::{annotation_of, annotation_op, compact, locate, Located};
+use targets::Resolver;
 pub use targets::{EXPORT_API_VERSION, EXPORT_KIND};
 
 /// Decides one admission request. Never panics and makes no I/O.
@@ -186,6 +187,14 @@ impl<'a> Decider<'a> {
         })
     }
 
+    fn resolver(&self) -> Resolver<'_> {
+        Resolver {
+            index: self.index,
+            consumer: self.consumer,
+            display: &self.display,
+        }
+    }
+
     fn parse_ref(&self, found: &Located<'_>) -> Result<SourceRef, Decision> {
         SourceRef::from_value(found.value)
             .map_err(|e| Decision::bad_request(format!("{}: {}.{e}", self.display, found.label)))
@@ -237,9 +246,10 @@ impl<'a> Decider<'a> {
         }
         let direct = r.kind == api::KIND && matches!(r.group(), None | Some(api::GROUP));
         let target = if direct {
-            self.artifact_target(field, found, source_ns, &r.name)?
+            self.resolver()
+                .artifact_target(field, found, source_ns, &r.name)?
         } else {
-            self.source_target(field, found, &r, source_ns)?
+            self.resolver().source_target(field, found, &r, source_ns)?
         };
         let mut value = found.value.clone();
         if let Some(fields) = value.as_object_mut() {

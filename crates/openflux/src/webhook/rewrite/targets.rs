@@ -3,11 +3,11 @@
 //! mirrored from. Decided from the owner index alone.
 
 use super::refs::{Located, SourceRef};
-use super::{Decider, Decision};
 use crate::api::{self, StockSource};
-use crate::index::LookupError;
+use crate::index::{LookupError, OwnerIndex};
 use crate::naming;
-use crate::webhook::consumers::RefField;
+use crate::webhook::consumers::{Consumer, RefField};
+use crate::webhook::decision::Decision;
 
 /// The kind openflux exports custom sources as.
 pub const EXPORT_KIND: &str = StockSource::EXTERNAL_ARTIFACT.kind;
@@ -31,7 +31,16 @@ fn export_target(name: String) -> Target {
     }
 }
 
-impl Decider<'_> {
+/// What resolving a reference reads: the owner index, and the object being
+/// decided on, for messages.
+pub(super) struct Resolver<'a> {
+    pub(super) index: &'a OwnerIndex,
+    pub(super) consumer: &'static Consumer,
+    /// `Kind ns/name` of the object.
+    pub(super) display: &'a str,
+}
+
+impl Resolver<'_> {
     /// Where a reference to a (custom) source points.
     pub(super) fn source_target(
         &self,
