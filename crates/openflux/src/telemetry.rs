@@ -73,37 +73,19 @@ impl Metrics {
             indexed_artifacts: Gauge::default(),
             leader: Gauge::default(),
         };
-        registry.register(
-            "openflux_mirrored_writes",
-            "Artifact writes made by the mirror controller",
-            m.mirrored.clone(),
-        );
-        registry.register(
-            "openflux_exported_writes",
-            "Exported object writes made by the export controller",
-            m.exported.clone(),
-        );
-        registry.register(
-            "openflux_reconcile_errors",
-            "Reconciles that ended in an error",
-            m.reconcile_errors.clone(),
-        );
-        registry.register(
-            "openflux_reconcile_duration_seconds",
-            "Duration of reconciles",
-            m.reconcile_duration.clone(),
-        );
-        registry.register(
-            "openflux_indexed_artifacts",
-            "Artifacts in the owner index",
-            m.indexed_artifacts.clone(),
-        );
-        registry.register(
-            "openflux_leader",
-            "1 while this replica holds the leader Lease",
-            m.leader.clone(),
-        );
+        m.describe(registry);
         m
+    }
+
+    /// Registers each metric under its name, with its help, one a line.
+    #[rustfmt::skip]
+    fn describe(&self, registry: &mut Registry) {
+        registry.register("openflux_mirrored_writes", "Artifact writes made by the mirror controller", self.mirrored.clone());
+        registry.register("openflux_exported_writes", "Exported object writes made by the export controller", self.exported.clone());
+        registry.register("openflux_reconcile_errors", "Reconciles that ended in an error", self.reconcile_errors.clone());
+        registry.register("openflux_reconcile_duration_seconds", "Duration of reconciles", self.reconcile_duration.clone());
+        registry.register("openflux_indexed_artifacts", "Artifacts in the owner index", self.indexed_artifacts.clone());
+        registry.register("openflux_leader", "1 while this replica holds the leader Lease", self.leader.clone());
     }
 
     /// Starts measuring one reconcile of `controller`.

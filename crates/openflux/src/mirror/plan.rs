@@ -170,6 +170,29 @@ mod tests {
         .unwrap()
     }
 
+    /// A GitRepository with an artifact in its status.
+    fn podinfo() -> DynamicObject {
+        source(
+            "GitRepository",
+            json!({"artifact": flux_artifact()}),
+            json!({}),
+        )
+    }
+
+    /// The Artifact the mirror plans for the GitRepository `s`.
+    fn mirrored(s: &DynamicObject) -> Artifact {
+        match plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            s,
+        )
+        .unwrap()
+        {
+            Plan::Mirror(a) => *a,
+            other => panic!("expected a mirror plan, got {other:?}"),
+        }
+    }
+
     fn flux_artifact() -> serde_json::Value {
         json!({
             "digest": "sha256:aa",
@@ -183,19 +206,8 @@ mod tests {
 
     #[test]
     fn mirrors_status_artifact_field_for_field() {
-        let s = source(
-            "GitRepository",
-            json!({"artifact": flux_artifact()}),
-            json!({}),
-        );
-        let Plan::Mirror(a) = plan(
-            &StockSource::GIT_REPOSITORY,
-            "source.toolkit.fluxcd.io/v1",
-            &s,
-        )
-        .unwrap() else {
-            panic!("expected a mirror plan")
-        };
+        let s = podinfo();
+        let a = mirrored(&s);
         assert_eq!(a.name_any(), "gitrepository-podinfo");
         assert_eq!(a.namespace().as_deref(), Some("apps"));
         assert_eq!(serde_json::to_value(&a.spec).unwrap(), flux_artifact());
@@ -273,20 +285,9 @@ mod tests {
 
     #[test]
     fn up_to_date_compares_spec_labels_and_owner() {
-        let s = source(
-            "GitRepository",
-            json!({"artifact": flux_artifact()}),
-            json!({}),
-        );
-        let Plan::Mirror(desired) = plan(
-            &StockSource::GIT_REPOSITORY,
-            "source.toolkit.fluxcd.io/v1",
-            &s,
-        )
-        .unwrap() else {
-            panic!()
-        };
-        let mut current = (*desired).clone();
+        let s = podinfo();
+        let desired = mirrored(&s);
+        let mut current = desired.clone();
         current.metadata.resource_version = Some("7".into());
         current
             .metadata
@@ -297,7 +298,7 @@ mod tests {
         assert!(up_to_date(&current, &desired));
         current.spec.revision = "main@sha1:def".into();
         assert!(!up_to_date(&current, &desired));
-        let mut orphan = (*desired).clone();
+        let mut orphan = desired.clone();
         orphan.metadata.owner_references = None;
         assert!(!up_to_date(&orphan, &desired));
     }
@@ -336,19 +337,8 @@ mod tests {
 
     #[test]
     fn mirrored_status_does_not_depend_on_revision() {
-        let s = source(
-            "GitRepository",
-            json!({"artifact": flux_artifact()}),
-            json!({}),
-        );
-        let Plan::Mirror(mut a) = plan(
-            &StockSource::GIT_REPOSITORY,
-            "source.toolkit.fluxcd.io/v1",
-            &s,
-        )
-        .unwrap() else {
-            panic!()
-        };
+        let s = podinfo();
+        let mut a = mirrored(&s);
         let first = mirrored_status(&a, "GitRepository", "podinfo");
         a.status = Some(first.clone());
         a.spec.revision = "main@sha1:other".into();

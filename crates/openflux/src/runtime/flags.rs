@@ -46,28 +46,32 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{Args, FromArgMatches};
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        run: RunArgs,
+    fn parsed(args: &[&str]) -> RunArgs {
+        let command = RunArgs::augment_args(clap::Command::new("openflux"));
+        let matches = command.try_get_matches_from(args).unwrap();
+        RunArgs::from_arg_matches(&matches).unwrap()
     }
 
     #[test]
     fn defaults_and_scope() {
-        let cli = Cli::try_parse_from(["openflux"]).unwrap();
-        assert_eq!(cli.run.metrics_addr, "0.0.0.0:8080".parse().unwrap());
-        assert_eq!(cli.run.health_addr, "0.0.0.0:9440".parse().unwrap());
-        assert_eq!(cli.run.concurrent, 4);
-        assert!(cli.run.enable_leader_election);
-        assert_eq!(cli.run.scope(), Scope(None));
-        let cli = Cli::try_parse_from([
+        let run = parsed(&["openflux"]);
+        assert_eq!(
+            (
+                run.metrics_addr.port(),
+                run.health_addr.port(),
+                run.concurrent
+            ),
+            (8080, 9440, 4)
+        );
+        assert!(run.enable_leader_election && run.watch_all_namespaces);
+        assert_eq!(run.scope(), Scope(None));
+        let run = parsed(&[
             "openflux",
             "--watch-all-namespaces=false",
             "--namespace=flux",
-        ])
-        .unwrap();
-        assert_eq!(cli.run.scope(), Scope(Some("flux".into())));
+        ]);
+        assert_eq!(run.scope(), Scope(Some("flux".into())));
     }
 }
