@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
+
+pub mod conditions;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -40,20 +42,67 @@ pub const SOURCE_REF_ANNOTATION: &str = "openflux.dev/source-ref";
 /// The Flux source API group.
 pub const FLUX_SOURCE_GROUP: &str = "source.toolkit.fluxcd.io";
 
-/// The source kinds of stock Flux (group [`FLUX_SOURCE_GROUP`]). openflux mirrors
-/// them and never exports Artifacts they own: consumers read them directly.
-pub const STOCK_SOURCE_KINDS: [&str; 6] = [
-    "GitRepository",
-    "OCIRepository",
-    "Bucket",
-    "HelmChart",
-    "HelmRepository",
-    "ExternalArtifact",
+/// A source kind of stock Flux, in API group [`FLUX_SOURCE_GROUP`]. openflux
+/// mirrors these kinds and never exports Artifacts they own: consumers read
+/// them directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StockSource {
+    pub kind: &'static str,
+    /// Plural resource name.
+    pub plural: &'static str,
+    /// Versions to look for on the API server, preferred first.
+    pub versions: &'static [&'static str],
+}
+
+impl StockSource {
+    pub const GIT_REPOSITORY: Self = Self::new("GitRepository", "gitrepositories", &["v1"]);
+    pub const OCI_REPOSITORY: Self =
+        Self::new("OCIRepository", "ocirepositories", &["v1", "v1beta2"]);
+    pub const BUCKET: Self = Self::new("Bucket", "buckets", &["v1"]);
+    pub const HELM_CHART: Self = Self::new("HelmChart", "helmcharts", &["v1"]);
+    pub const HELM_REPOSITORY: Self = Self::new("HelmRepository", "helmrepositories", &["v1"]);
+    /// Flux's open door (RFC-0012), and what openflux exports custom sources as.
+    pub const EXTERNAL_ARTIFACT: Self = Self::new("ExternalArtifact", "externalartifacts", &["v1"]);
+
+    const fn new(
+        kind: &'static str,
+        plural: &'static str,
+        versions: &'static [&'static str],
+    ) -> Self {
+        Self {
+            kind,
+            plural,
+            versions,
+        }
+    }
+
+    /// The stock source kind named `kind` (of any version of [`FLUX_SOURCE_GROUP`]).
+    pub fn by_kind(kind: &str) -> Option<&'static StockSource> {
+        STOCK_SOURCES.iter().find(|s| s.kind == kind)
+    }
+
+    /// The stock source kind `group`/`kind` names, if it names one.
+    pub fn find(group: &str, kind: &str) -> Option<&'static StockSource> {
+        (group == FLUX_SOURCE_GROUP)
+            .then(|| Self::by_kind(kind))
+            .flatten()
+    }
+}
+
+/// Every source kind of stock Flux: the one table the mirror, the index, the
+/// webhook's consumers and the naming rules read.
+pub static STOCK_SOURCES: [StockSource; 6] = [
+    StockSource::GIT_REPOSITORY,
+    StockSource::OCI_REPOSITORY,
+    StockSource::BUCKET,
+    StockSource::HELM_CHART,
+    StockSource::HELM_REPOSITORY,
+    StockSource::EXTERNAL_ARTIFACT,
 ];
 
 /// Whether `group`/`kind` names a stock Flux source kind.
 pub fn is_stock_source(group: &str, kind: &str) -> bool {
-    group == FLUX_SOURCE_GROUP && STOCK_SOURCE_KINDS.contains(&kind)
+    StockSource::find(group, kind).is_some()
 }
 
 /// The condition type every openflux status carries (kstatus compatible).
@@ -167,11 +216,7 @@ impl Artifact {
 
     /// The `Ready` condition, if openflux wrote one.
     pub fn ready_condition(&self) -> Option<&Condition> {
-        self.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == READY)
+        conditions::find(&self.status.as_ref()?.conditions, READY)
     }
 }
 
@@ -204,6 +249,19 @@ mod tests {
             split_api_version("source.toolkit.fluxcd.io/v1"),
             ("source.toolkit.fluxcd.io", "v1")
         );
+    }
+
+    #[test]
+    fn stock_sources_are_found_by_group_and_kind_only() {
+        assert_eq!(
+            StockSource::find(FLUX_SOURCE_GROUP, "OCIRepository"),
+            Some(&StockSource::OCI_REPOSITORY)
+        );
+        assert!(is_stock_source(FLUX_SOURCE_GROUP, "ExternalArtifact"));
+        assert!(!is_stock_source("example.com", "GitRepository"));
+        assert!(!is_stock_source(FLUX_SOURCE_GROUP, "HttpSource"));
+        assert_eq!(StockSource::by_kind("Bucket"), Some(&StockSource::BUCKET));
+        assert_eq!(StockSource::by_kind("bucket"), None);
     }
 
     #[test]

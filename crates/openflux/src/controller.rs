@@ -1,5 +1,5 @@
 //! What the mirror and export controllers share: the context, the error type,
-//! conditions, and the memo that keeps a stale cache from causing a second
+//! the Ready condition of an Artifact, and the memo that keeps a stale cache from causing a second
 //! identical write.
 
 use std::collections::hash_map::DefaultHasher;
@@ -7,16 +7,15 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
-use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-use crate::api::{Artifact, ArtifactStatus, FIELD_MANAGER, READY};
+use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
+use crate::locks;
 use crate::telemetry::Metrics;
 
 /// Errors of a reconcile; all are retried.
@@ -30,17 +29,14 @@ pub enum Error {
     MissingField(&'static str),
 }
 
-/// State shared by every reconcile.
+/// State every reconcile of the mirror and export controllers shares, built
+/// once when openflux starts.
 pub struct Context {
     pub client: Client,
-    /// All Artifacts in the watched namespaces.
+    /// All Artifacts in the watched namespaces, as the Artifact watch keeps them.
     pub artifacts: Store<Artifact>,
     pub index: Arc<RwLock<OwnerIndex>>,
     pub metrics: Metrics,
-    /// The resource exported objects are written as, once the cluster serves it.
-    pub export_target: RwLock<Option<ApiResource>>,
-    /// Exported objects (labelled as managed by openflux), once watched.
-    pub exports: RwLock<Option<Store<DynamicObject>>>,
     pub memo: WriteMemo,
 }
 
@@ -86,40 +82,15 @@ pub fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// A condition of `type_`, keeping the transition time of `previous` when
-/// the status did not change.
-pub fn condition(
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: &str,
-    observed_generation: Option<i64>,
-    previous: Option<&Condition>,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let last_transition_time = match previous {
-        Some(p) if p.status == status => p.last_transition_time.clone(),
-        _ => Time(Timestamp::now()),
-    };
-    Condition {
-        type_: type_.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
-        message: message.to_string(),
-        observed_generation,
-        last_transition_time,
-    }
-}
-
 /// The `Ready` condition for `artifact`'s status.
 pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Condition {
-    condition(
-        READY,
+    conditions::ready(
         ok,
         reason,
         message,
         artifact.metadata.generation,
         artifact.ready_condition(),
+        &conditions::now(),
     )
 }
 
@@ -136,23 +107,17 @@ impl WriteMemo {
     /// object at `resource_version`, which it still shows (so the cache has
     /// not caught up with that write yet).
     pub fn already_written(&self, key: &str, resource_version: Option<&str>, hash: u64) -> bool {
-        let Ok(map) = self.written.lock() else {
-            return false;
-        };
-        map.get(key)
+        locks::lock(&self.written)
+            .get(key)
             .is_some_and(|(rv, h)| *h == hash && rv.as_deref() == resource_version)
     }
 
     pub fn record(&self, key: String, resource_version_before: Option<String>, hash: u64) {
-        if let Ok(mut map) = self.written.lock() {
-            map.insert(key, (resource_version_before, hash));
-        }
+        locks::lock(&self.written).insert(key, (resource_version_before, hash));
     }
 
     pub fn forget(&self, key: &str) {
-        if let Ok(mut map) = self.written.lock() {
-            map.remove(key);
-        }
+        locks::lock(&self.written).remove(key);
     }
 }
 
@@ -187,15 +152,5 @@ mod tests {
         );
         memo.forget("k");
         assert!(!memo.already_written("k", Some("1"), 7));
-    }
-
-    #[test]
-    fn condition_keeps_transition_time_while_status_holds() {
-        let first = condition("Ready", true, "A", "m", Some(1), None);
-        let same = condition("Ready", true, "B", "n", Some(2), Some(&first));
-        assert_eq!(same.last_transition_time, first.last_transition_time);
-        assert_eq!(same.reason, "B");
-        let flipped = condition("Ready", false, "C", "o", Some(2), Some(&first));
-        assert_eq!(flipped.status, "False");
     }
 }

@@ -1,13 +1,13 @@
 //! The owner index: which Artifacts a source owns, and each Artifact by name.
 //!
-//! Fed by the Artifact watch (apply, delete, and the init/reset cycle of a
-//! watch restart) and read by the webhook and the export controller. Pure data:
-//! no I/O, no clock, so it is tested by feeding objects.
+//! Changed by the Artifact watch through [`IndexChange`]s the event router
+//! decides on (apply, delete, and a reset when the watch has listed every
+//! Artifact again), and read by the webhook and the export controller. Pure
+//! data: no I/O, no clock, so it is tested by feeding objects.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use crate::api::{split_api_version, Artifact};
@@ -44,6 +44,17 @@ pub struct ArtifactKey {
     pub name: String,
 }
 
+impl ArtifactKey {
+    /// The key of `artifact`; `None` when it has no namespace or name (never
+    /// the case for stored objects).
+    pub fn of(artifact: &Artifact) -> Option<Self> {
+        Some(Self {
+            namespace: artifact.metadata.namespace.clone()?,
+            name: artifact.metadata.name.clone()?,
+        })
+    }
+}
+
 impl fmt::Display for ArtifactKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
@@ -71,8 +82,8 @@ impl IndexedArtifact {
     /// Reads the fields the index needs from an Artifact object; `None` when
     /// the object has no namespace or name (never the case for stored objects).
     pub fn from_artifact(artifact: &Artifact) -> Option<Self> {
-        let namespace = artifact.metadata.namespace.clone()?;
-        let name = artifact.metadata.name.clone()?;
+        let key = ArtifactKey::of(artifact)?;
+        let namespace = key.namespace.clone();
         let owner = artifact.controller_owner().map(|o| {
             let (group, _) = split_api_version(&o.api_version);
             Owner {
@@ -87,11 +98,24 @@ impl IndexedArtifact {
             }
         });
         Some(Self {
-            key: ArtifactKey { namespace, name },
+            key,
             uid: artifact.uid().unwrap_or_default(),
             owner,
         })
     }
+}
+
+/// One change to the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexChange {
+    /// Add or update one Artifact.
+    Apply(IndexedArtifact),
+    /// Remove one Artifact.
+    Delete(ArtifactKey),
+    /// Replace the whole content: the watch listed every Artifact again, so
+    /// Artifacts deleted while it was down disappear at once, and readers
+    /// never see a half-listed index.
+    Reset(Vec<IndexedArtifact>),
 }
 
 /// Why a lookup by kind alone failed.
@@ -124,8 +148,6 @@ pub struct OwnerIndex {
     /// (kind, namespace, name) -> groups that have such a source with Artifacts.
     by_kind: HashMap<(String, String, String), BTreeSet<String>>,
     by_uid: HashMap<String, BTreeSet<ArtifactKey>>,
-    /// Objects listed since the last watch (re)start, applied at `InitDone`.
-    pending: Option<Vec<IndexedArtifact>>,
     synced: bool,
 }
 
@@ -148,23 +170,12 @@ impl OwnerIndex {
         self.artifacts.is_empty()
     }
 
-    /// Feeds one watch event. A watch restart (`Init` .. `InitDone`) replaces
-    /// the whole content at `InitDone`, so objects deleted while the watch was
-    /// down disappear and readers never see a half-listed index.
-    pub fn apply_event(&mut self, event: &watcher::Event<Artifact>) {
-        match event {
-            watcher::Event::Apply(a) => self.apply(a),
-            watcher::Event::Delete(a) => self.delete(a),
-            watcher::Event::Init => self.pending = Some(Vec::new()),
-            watcher::Event::InitApply(a) => {
-                if let Some(entry) = IndexedArtifact::from_artifact(a) {
-                    self.pending.get_or_insert_with(Vec::new).push(entry);
-                }
-            }
-            watcher::Event::InitDone => {
-                let entries = self.pending.take().unwrap_or_default();
-                self.reset(entries);
-            }
+    /// Makes one change.
+    pub fn change(&mut self, change: IndexChange) {
+        match change {
+            IndexChange::Apply(entry) => self.insert(entry),
+            IndexChange::Delete(key) => self.remove(&key),
+            IndexChange::Reset(entries) => self.reset(entries),
         }
     }
 
@@ -177,11 +188,8 @@ impl OwnerIndex {
 
     /// Removes one Artifact.
     pub fn delete(&mut self, artifact: &Artifact) {
-        if let (Some(namespace), Some(name)) = (
-            artifact.metadata.namespace.clone(),
-            artifact.metadata.name.clone(),
-        ) {
-            self.remove(&ArtifactKey { namespace, name });
+        if let Some(key) = ArtifactKey::of(artifact) {
+            self.remove(&key);
         }
     }
 
@@ -444,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn watch_restart_replaces_content_at_init_done() {
+    fn reset_replaces_the_content_and_marks_the_index_synced() {
         let mut idx = OwnerIndex::new();
         assert!(!idx.is_synced());
         idx.apply(&artifact(
@@ -452,16 +460,12 @@ mod tests {
             "gone",
             Some((HTTP, "HttpSource", "old", "u0")),
         ));
-        idx.apply_event(&watcher::Event::Init);
-        idx.apply_event(&watcher::Event::InitApply(artifact(
-            "ns",
-            "a1",
-            Some((HTTP, "HttpSource", "web", "u1")),
-        )));
-        // Until InitDone, readers still see the previous content.
-        assert!(idx.artifact("ns", "gone").is_some());
-        assert!(idx.artifact("ns", "a1").is_none());
-        idx.apply_event(&watcher::Event::InitDone);
+        let listed = artifact("ns", "a1", Some((HTTP, "HttpSource", "web", "u1")));
+        idx.change(IndexChange::Reset(
+            IndexedArtifact::from_artifact(&listed)
+                .into_iter()
+                .collect(),
+        ));
         assert!(idx.is_synced());
         assert!(idx.artifact("ns", "gone").is_none());
         assert!(idx.artifact("ns", "a1").is_some());

@@ -22,7 +22,7 @@ struct Cli {
 #[derive(clap::Args, Debug)]
 struct RunCmd {
     #[command(flatten)]
-    run: openflux::run::RunArgs,
+    run: openflux::runtime::RunArgs,
     #[command(flatten)]
     webhook: openflux::webhook::WebhookArgs,
 }
@@ -60,13 +60,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let RunCmd { run: args, webhook } = *cmd;
             openflux::telemetry::init_logging(&args.log_level, args.log_encoding == "json")?;
             let client = client(cli.kubeconfig).await?;
-            openflux::run::run(args, client, move |shared| {
-                let metrics = openflux::webhook::register(
-                    &mut shared
-                        .registry
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                );
+            openflux::runtime::run(args, client, move |shared| {
+                let metrics =
+                    openflux::webhook::register(&mut openflux::locks::lock(&shared.registry));
                 openflux::webhook::serve(
                     webhook,
                     Some(shared.client.clone()),

@@ -8,6 +8,8 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::api::StockSource;
+
 /// Longest object name Kubernetes accepts for most resources (DNS subdomain).
 pub const MAX_NAME: usize = 253;
 /// Longest label value Kubernetes accepts.
@@ -15,9 +17,9 @@ pub const MAX_LABEL_VALUE: usize = 63;
 /// Hex characters of the hash suffix added to names that had to be cut.
 const HASH_LEN: usize = 10;
 
-/// Name of the Artifact mirrored from a stock source `kind`/`name`.
-pub fn mirror_artifact_name(kind: &str, name: &str) -> String {
-    joined(&kind.to_ascii_lowercase(), name, MAX_NAME)
+/// Name of the Artifact mirrored from the stock source `name` of kind `stock`.
+pub fn mirror_artifact_name(stock: &StockSource, name: &str) -> String {
+    joined(&stock.kind.to_ascii_lowercase(), name, MAX_NAME)
 }
 
 /// Name of the object exported for the Artifacts of source `kind`/`name`.
@@ -64,7 +66,7 @@ mod tests {
     #[test]
     fn short_names_are_kind_dash_name() {
         assert_eq!(
-            mirror_artifact_name("GitRepository", "podinfo"),
+            mirror_artifact_name(&StockSource::GIT_REPOSITORY, "podinfo"),
             "gitrepository-podinfo"
         );
         assert_eq!(export_name("HttpSource", "web"), "httpsource-web");

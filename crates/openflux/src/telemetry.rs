@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -16,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::{fmt, EnvFilter};
+
+use crate::locks;
 
 /// Sets up logging: `level` is a tracing filter (`info`, `debug`,
 /// `openflux=debug,kube=info`, ...); `json` selects structured JSON lines.
@@ -70,48 +73,63 @@ impl Metrics {
             indexed_artifacts: Gauge::default(),
             leader: Gauge::default(),
         };
-        registry.register(
-            "openflux_mirrored_writes",
-            "Artifact writes made by the mirror controller",
-            m.mirrored.clone(),
-        );
-        registry.register(
-            "openflux_exported_writes",
-            "Exported object writes made by the export controller",
-            m.exported.clone(),
-        );
-        registry.register(
-            "openflux_reconcile_errors",
-            "Reconciles that ended in an error",
-            m.reconcile_errors.clone(),
-        );
-        registry.register(
-            "openflux_reconcile_duration_seconds",
-            "Duration of reconciles",
-            m.reconcile_duration.clone(),
-        );
-        registry.register(
-            "openflux_indexed_artifacts",
-            "Artifacts in the owner index",
-            m.indexed_artifacts.clone(),
-        );
-        registry.register(
-            "openflux_leader",
-            "1 while this replica holds the leader Lease",
-            m.leader.clone(),
-        );
+        m.describe(registry);
         m
     }
 
-    pub fn observe_reconcile(&self, controller: &str, seconds: f64, ok: bool) {
+    /// Registers each metric under its name, with its help, one a line.
+    #[rustfmt::skip]
+    fn describe(&self, registry: &mut Registry) {
+        registry.register("openflux_mirrored_writes", "Artifact writes made by the mirror controller", self.mirrored.clone());
+        registry.register("openflux_exported_writes", "Exported object writes made by the export controller", self.exported.clone());
+        registry.register("openflux_reconcile_errors", "Reconciles that ended in an error", self.reconcile_errors.clone());
+        registry.register("openflux_reconcile_duration_seconds", "Duration of reconciles", self.reconcile_duration.clone());
+        registry.register("openflux_indexed_artifacts", "Artifacts in the owner index", self.indexed_artifacts.clone());
+        registry.register("openflux_leader", "1 while this replica holds the leader Lease", self.leader.clone());
+    }
+
+    /// Starts measuring one reconcile of `controller`.
+    pub fn reconcile(&self, controller: &'static str) -> ReconcileMeasure {
+        ReconcileMeasure {
+            metrics: self.clone(),
+            controller,
+            started: Instant::now(),
+            ok: false,
+        }
+    }
+}
+
+/// Counts one reconcile exactly once, whatever its outcome: when dropped it
+/// records the reconcile's duration, and an error unless
+/// [`ReconcileMeasure::outcome`] saw it succeed. A reconcile that never
+/// reaches an outcome (it panicked, or was cancelled) counts as failed.
+#[must_use = "a reconcile is counted when its measure is dropped"]
+pub struct ReconcileMeasure {
+    metrics: Metrics,
+    controller: &'static str,
+    started: Instant,
+    ok: bool,
+}
+
+impl ReconcileMeasure {
+    /// Notes how the reconcile ended and hands its result back.
+    pub fn outcome<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
+        self.ok = result.is_ok();
+        result
+    }
+}
+
+impl Drop for ReconcileMeasure {
+    fn drop(&mut self) {
         let labels = ControllerLabels {
-            controller: controller.to_string(),
+            controller: self.controller.to_string(),
         };
-        self.reconcile_duration
+        self.metrics
+            .reconcile_duration
             .get_or_create(&labels)
-            .observe(seconds);
-        if !ok {
-            self.reconcile_errors.get_or_create(&labels).inc();
+            .observe(self.started.elapsed().as_secs_f64());
+        if !self.ok {
+            self.metrics.reconcile_errors.get_or_create(&labels).inc();
         }
     }
 }
@@ -162,10 +180,7 @@ struct HttpState {
 
 async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
     let mut body = String::new();
-    let encoded = match s.registry.lock() {
-        Ok(registry) => prometheus_client::encoding::text::encode(&mut body, &registry),
-        Err(_) => Err(std::fmt::Error),
-    };
+    let encoded = prometheus_client::encoding::text::encode(&mut body, &locks::lock(&s.registry));
     match encoded {
         Ok(()) => (
             StatusCode::OK,
@@ -233,6 +248,26 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_reconcile_is_counted_once_whatever_its_outcome() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let ok: Result<(), ()> = metrics.reconcile("mirror").outcome(Ok(()));
+        let failed: Result<(), ()> = metrics.reconcile("mirror").outcome(Err(()));
+        assert!(ok.is_ok() && failed.is_err());
+        drop(metrics.reconcile("export")); // cancelled before an outcome
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for expected in [
+            r#"openflux_reconcile_duration_seconds_count{controller="mirror"} 2"#,
+            r#"openflux_reconcile_errors_total{controller="mirror"} 1"#,
+            r#"openflux_reconcile_duration_seconds_count{controller="export"} 1"#,
+            r#"openflux_reconcile_errors_total{controller="export"} 1"#,
+        ] {
+            assert!(text.contains(expected), "{expected} in\n{text}");
+        }
+    }
 
     #[test]
     fn ready_only_after_every_watch_synced() {

@@ -4,7 +4,7 @@
 
 use openflux_testkit as support;
 
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::ResourceExt;
 use serde_json::json;
 use support::openflux::{publish, Openflux};
@@ -48,6 +48,29 @@ async fn delete(env: &Env, api_version: &str, kind: &str, ns: &str, name: &str) 
         .unwrap_or_else(|e| panic!("deleting {kind} {ns}/{name}: {e}"));
 }
 
+/// Waits until the Artifact mirrored from GitRepository `app` in `ns` is at
+/// commit `sha`, checks its digest is the source's, and returns both.
+async fn mirrored_at(env: &Env, ns: &str, sha: &str) -> (DynamicObject, DynamicObject) {
+    let expect = json!(format!("main@sha1:{sha}"));
+    let what = format!("the GitRepository's Artifact at {sha}");
+    let artifact = wait_for(&what, TIMEOUT, || async {
+        let a = env
+            .find(ARTIFACT, "Artifact", ns, "gitrepository-app")
+            .await?;
+        (field(&a, "/spec/revision")? == &expect).then_some(a)
+    })
+    .await;
+    let source = env
+        .find(SOURCE, "GitRepository", ns, "app")
+        .await
+        .expect("GitRepository");
+    assert_eq!(
+        field(&artifact, "/spec/digest"),
+        field(&source, "/status/artifact/digest")
+    );
+    (artifact, source)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_repository_is_mirrored_updated_and_collected() {
     let env = cluster().await;
@@ -73,22 +96,7 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     .await
     .expect("creating the GitRepository");
 
-    let expect = format!("main@sha1:{first}");
-    let artifact = wait_for("the GitRepository's Artifact", TIMEOUT, || async {
-        let a = env
-            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
-            .await?;
-        (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
-    })
-    .await;
-    let source = env
-        .find(SOURCE, "GitRepository", &n, "app")
-        .await
-        .expect("GitRepository");
-    assert_eq!(
-        field(&artifact, "/spec/digest"),
-        field(&source, "/status/artifact/digest")
-    );
+    let (artifact, source) = mirrored_at(&env, &n, &first).await;
     assert_eq!(
         field(&artifact, "/spec/url"),
         field(&source, "/status/artifact/url")
@@ -119,22 +127,7 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     support::request_reconcile(&env.client, SOURCE, "GitRepository", &n, "app")
         .await
         .expect("requesting a reconcile");
-    let expect = format!("main@sha1:{second}");
-    let updated = wait_for("the Artifact to follow the new commit", TIMEOUT, || async {
-        let a = env
-            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
-            .await?;
-        (field(&a, "/spec/revision")? == &json!(expect)).then_some(a)
-    })
-    .await;
-    let source = env
-        .find(SOURCE, "GitRepository", &n, "app")
-        .await
-        .expect("GitRepository");
-    assert_eq!(
-        field(&updated, "/spec/digest"),
-        field(&source, "/status/artifact/digest")
-    );
+    mirrored_at(&env, &n, &second).await;
     let writes = of
         .metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
         .await;
@@ -234,20 +227,23 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         "apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web",
         "uid": source.uid().expect("uid"), "controller": true
     }]);
-    let spec = publish(
-        fx,
-        &n,
-        "web",
-        "one",
-        &[("configmap.yaml", &support::configmap_yaml("one"))],
-    );
-    env.apply(&json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
-        "spec": spec,
-    }))
-    .await
-    .expect("writing the Artifact");
+    let publish_web = |revision: &str| {
+        let spec = publish(
+            fx,
+            &n,
+            "web",
+            revision,
+            &[("configmap.yaml", &support::configmap_yaml(revision))],
+        );
+        json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
+            "spec": spec,
+        })
+    };
+    let artifact = publish_web("one");
+    let spec = &artifact["spec"];
+    env.apply(&artifact).await.expect("writing the Artifact");
 
     let exported = wait_for("the ExternalArtifact export", TIMEOUT, || async {
         let ea = env
@@ -320,20 +316,9 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     wait_value("one").await;
 
     // A new revision of the Artifact rolls out.
-    let spec2 = publish(
-        fx,
-        &n,
-        "web",
-        "two",
-        &[("configmap.yaml", &support::configmap_yaml("two"))],
-    );
-    env.apply(&json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
-        "spec": spec2,
-    }))
-    .await
-    .expect("updating the Artifact");
+    let artifact2 = publish_web("two");
+    let spec2 = &artifact2["spec"];
+    env.apply(&artifact2).await.expect("updating the Artifact");
     wait_value("two").await;
     let ks = env
         .find(KUSTOMIZE, "Kustomization", &n, "web")

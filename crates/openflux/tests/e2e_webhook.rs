@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 use support::openflux::{free_addr, publish, Openflux};
-use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
+use support::{cluster, field, ready_condition, wait_for, Env, Fixtures, TestNamespace, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -192,6 +192,34 @@ fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
 }
 
 /// Creates a custom source and Artifacts it owns, all with `spec`.
+/// The CRDs, a fresh namespace (and its name), and openflux with its webhook
+/// serving that namespace.
+async fn set_up(
+    env: &Env,
+    prefix: &str,
+    extra: &[&str],
+) -> (TestNamespace, String, Openflux, Webhook) {
+    install_crds(env).await;
+    let ns = env.namespace(prefix).await;
+    let n = ns.name().to_string();
+    let (of, webhook) = start(env, &n, extra).await;
+    (ns, n, of, webhook)
+}
+
+/// Publishes `files` as revision `revision` and a custom source `name` in
+/// `ns` with one Artifact, also `name`, that describes it.
+async fn publish_source(
+    env: &Env,
+    fx: &Fixtures,
+    ns: &str,
+    name: &str,
+    revision: &str,
+    files: &[(&str, &str)],
+) {
+    let spec = publish(fx, ns, name, revision, files);
+    custom_source(env, TEST_SOURCE, ns, name, &[name], &spec).await;
+}
+
 async fn custom_source(
     env: &Env,
     api_version: &str,
@@ -250,10 +278,7 @@ fn error_text(result: anyhow::Result<DynamicObject>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_references_are_untouched_with_openflux_running_or_stopped() {
     let env = cluster().await;
-    install_crds(&env).await;
-    let ns = env.namespace("wh-stock").await;
-    let n = ns.name().to_string();
-    let (mut of, _webhook) = start(&env, &n, &[]).await;
+    let (ns, n, mut of, _webhook) = set_up(&env, "wh-stock", &[]).await;
 
     let stock = kustomization(
         &n,
@@ -308,18 +333,16 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
     let Some(fx) = env.fixtures_or_skip("custom_reference_is_rewritten") else {
         return;
     };
-    install_crds(&env).await;
-    let ns = env.namespace("wh-rewrite").await;
-    let n = ns.name().to_string();
-    let (of, _webhook) = start(&env, &n, &[]).await;
-    let spec = publish(
+    let (ns, n, of, _webhook) = set_up(&env, "wh-rewrite", &[]).await;
+    publish_source(
+        &env,
         fx,
         &n,
         "web",
         "v1",
         &[("configmap.yaml", &support::configmap_yaml("one"))],
-    );
-    custom_source(&env, TEST_SOURCE, &n, "web", &["web"], &spec).await;
+    )
+    .await;
     wait_for("the export of the custom source", TIMEOUT, || async {
         let ea = env
             .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
@@ -384,10 +407,7 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
     let Some(fx) = env.fixtures_or_skip("reference_created_before_its_source") else {
         return;
     };
-    install_crds(&env).await;
-    let ns = env.namespace("wh-later").await;
-    let n = ns.name().to_string();
-    let (_of, _webhook) = start(&env, &n, &[]).await;
+    let (ns, n, _of, _webhook) = set_up(&env, "wh-later", &[]).await;
 
     let manifest = kustomization(&n, "later", json!({"kind": "TestSource", "name": "later"}));
     match kubectl_apply(&env, &manifest).await {
@@ -414,14 +434,15 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
         Some(&json!("testsource-later"))
     );
 
-    let spec = publish(
+    publish_source(
+        &env,
         fx,
         &n,
         "later",
         "v1",
         &[("configmap.yaml", &support::configmap_yaml("late"))],
-    );
-    custom_source(&env, TEST_SOURCE, &n, "later", &["later"], &spec).await;
+    )
+    .await;
     // Flux retries a missing source on its own; ask now to keep the test short.
     support::request_reconcile(&env.client, KUSTOMIZE, "Kustomization", &n, "later")
         .await
@@ -441,10 +462,7 @@ async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
     let Some(fx) = env.fixtures_or_skip("helm_release_chart_ref_to_a_custom_source") else {
         return;
     };
-    install_crds(&env).await;
-    let ns = env.namespace("wh-helm").await;
-    let n = ns.name().to_string();
-    let (_of, _webhook) = start(&env, &n, &[]).await;
+    let (ns, n, _of, _webhook) = set_up(&env, "wh-helm", &[]).await;
     // helm-controller takes the chart version from the artifact revision.
     let spec = publish(
         fx,
@@ -486,10 +504,7 @@ async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denials_name_openflux_and_say_what_to_change() {
     let env = cluster().await;
-    install_crds(&env).await;
-    let ns = env.namespace("wh-deny").await;
-    let n = ns.name().to_string();
-    let (_of, _webhook) = start(&env, &n, &["--no-cross-namespace-refs"]).await;
+    let (ns, n, _of, _webhook) = set_up(&env, "wh-deny", &["--no-cross-namespace-refs"]).await;
     // Nothing is downloaded here: the Artifacts only need to exist.
     let spec =
         json!({"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"});

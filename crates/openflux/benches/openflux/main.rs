@@ -3,7 +3,7 @@
 //! ratio of the two; docs/benchmarks.md explains each figure.
 //!
 //! ```text
-//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only webhook,mirror,e2e]
+//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,mirror,e2e]
 //!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5]
 //! ```
 //!
@@ -22,6 +22,7 @@ mod e2e;
 mod loadgen;
 mod mirror;
 mod observe;
+mod parse;
 mod process;
 mod report;
 mod stats;
@@ -40,7 +41,7 @@ usage: cargo bench --bench openflux -- [options]
 
   --quick                 small sizes and short runs (a smoke check, seconds)
   --json FILE             also write the figures as JSON to FILE
-  --only LIST             sections to run, of: webhook,mirror,e2e (default: all)
+  --only LIST             sections to run, of: parse,webhook,mirror,e2e (default: all)
   --mirror-sizes LIST     numbers of GitRepositories (default 100,1000,5000)
   --samples N             timed status writes per mirror size (default 200)
   --noop-samples N        status writes that change no artifact (default 50)
@@ -54,6 +55,7 @@ usage: cargo bench --bench openflux -- [options]
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Section {
+    Parse,
     Webhook,
     Mirror,
     E2e,
@@ -62,10 +64,11 @@ enum Section {
 impl Section {
     fn parse(s: &str) -> anyhow::Result<Self> {
         Ok(match s {
+            "parse" => Section::Parse,
             "webhook" => Section::Webhook,
             "mirror" => Section::Mirror,
             "e2e" | "end-to-end" => Section::E2e,
-            other => bail!("unknown section {other:?} (webhook, mirror, e2e)"),
+            other => bail!("unknown section {other:?} (parse, webhook, mirror, e2e)"),
         })
     }
 }
@@ -119,7 +122,12 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
         bench,
         quick,
         json: None,
-        sections: vec![Section::Webhook, Section::Mirror, Section::E2e],
+        sections: vec![
+            Section::Parse,
+            Section::Webhook,
+            Section::Mirror,
+            Section::E2e,
+        ],
         mirror: mirror::Params {
             sizes: if quick {
                 vec![50]
@@ -231,6 +239,12 @@ fn main() -> ExitCode {
     }
     let mut failed = Vec::new();
 
+    if options.sections.contains(&Section::Parse) {
+        if let Err(e) = parse::run(options.quick, &mut report) {
+            eprintln!("parse benchmark failed: {e:#}");
+            failed.push(format!("parse: {e:#}"));
+        }
+    }
     if options.sections.contains(&Section::Webhook) {
         if let Err(e) = webhook::run(&options.webhook, &mut report) {
             eprintln!("webhook benchmark failed: {e:#}");
@@ -241,7 +255,7 @@ fn main() -> ExitCode {
         .sections
         .iter()
         .copied()
-        .filter(|s| *s != Section::Webhook)
+        .filter(|s| !matches!(s, Section::Parse | Section::Webhook))
         .collect();
     if !cluster_sections.is_empty() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -264,7 +278,7 @@ fn main() -> ExitCode {
                         let wait = !options.quick;
                         e2e::run(&env, options.e2e_samples, wait, &mut report).await
                     }
-                    Section::Webhook => Ok(()),
+                    Section::Parse | Section::Webhook => Ok(()),
                 };
                 if let Err(e) = result {
                     eprintln!("{section:?} benchmark failed: {e:#}");

@@ -2,7 +2,7 @@
 //! server sees it: the clock of every latency the cluster benchmarks report.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
@@ -10,6 +10,7 @@ use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
+use openflux::locks;
 use tokio::sync::oneshot;
 
 /// Reads the watched value of an object (e.g. its revision).
@@ -48,7 +49,7 @@ impl Observer {
             while let Some(event) = events.next().await {
                 let now = Instant::now();
                 let Ok(event) = event else { continue };
-                let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut s = locks::lock(&shared);
                 match event {
                     watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                         let name = obj.name_any();
@@ -80,7 +81,7 @@ impl Observer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        locks::lock(&self.state)
     }
 
     /// Waits (bounded) for the initial list.

@@ -5,7 +5,7 @@
 //! `apiVersion` field at all. The webhook's decision and the `matchConditions`
 //! of the webhook configuration are both derived from this table.
 
-use crate::api::{FLUX_SOURCE_GROUP, STOCK_SOURCE_KINDS};
+use crate::api::{split_api_version, StockSource, FLUX_SOURCE_GROUP};
 
 /// How the references sit in the consumer's object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct RefField {
     /// matched by kind alone and a rewrite never adds one.
     pub has_api_version: bool,
     /// The stock kinds the consumer accepts here.
-    pub stock_kinds: &'static [&'static str],
+    pub stock_kinds: &'static [StockSource],
 }
 
 /// A reference field that must not name a custom source, and what to do instead.
@@ -66,10 +66,10 @@ pub static CONSUMERS: [Consumer; 3] = [
             shape: RefShape::One,
             has_api_version: true,
             stock_kinds: &[
-                "GitRepository",
-                "OCIRepository",
-                "Bucket",
-                "ExternalArtifact",
+                StockSource::GIT_REPOSITORY,
+                StockSource::OCI_REPOSITORY,
+                StockSource::BUCKET,
+                StockSource::EXTERNAL_ARTIFACT,
             ],
         },
         forbidden: None,
@@ -83,14 +83,22 @@ pub static CONSUMERS: [Consumer; 3] = [
             path: &["spec", "chartRef"],
             shape: RefShape::One,
             has_api_version: true,
-            stock_kinds: &["OCIRepository", "HelmChart", "ExternalArtifact"],
+            stock_kinds: &[
+                StockSource::OCI_REPOSITORY,
+                StockSource::HELM_CHART,
+                StockSource::EXTERNAL_ARTIFACT,
+            ],
         },
         forbidden: Some(ForbiddenRef {
             field: RefField {
                 path: &["spec", "chart", "spec", "sourceRef"],
                 shape: RefShape::One,
                 has_api_version: true,
-                stock_kinds: &["HelmRepository", "GitRepository", "Bucket"],
+                stock_kinds: &[
+                    StockSource::HELM_REPOSITORY,
+                    StockSource::GIT_REPOSITORY,
+                    StockSource::BUCKET,
+                ],
             },
             hint: "helm-controller builds a chart there from a Helm repository, Git repository \
                    or Bucket only; reference a custom source whose artifact is a packaged chart \
@@ -107,11 +115,11 @@ pub static CONSUMERS: [Consumer; 3] = [
             shape: RefShape::ListByKey("alias"),
             has_api_version: false,
             stock_kinds: &[
-                "Bucket",
-                "GitRepository",
-                "OCIRepository",
-                "HelmChart",
-                "ExternalArtifact",
+                StockSource::BUCKET,
+                StockSource::GIT_REPOSITORY,
+                StockSource::OCI_REPOSITORY,
+                StockSource::HELM_CHART,
+                StockSource::EXTERNAL_ARTIFACT,
             ],
         },
         forbidden: None,
@@ -137,13 +145,24 @@ impl RefField {
     pub fn dotted(&self) -> String {
         self.path.join(".")
     }
+
+    /// Whether this field takes the stock source kind `kind`.
+    pub fn accepts(&self, kind: &str) -> bool {
+        self.stock_kinds.iter().any(|s| s.kind == kind)
+    }
+
+    /// The stock kinds this field takes, for messages.
+    pub fn stock_kind_list(&self) -> String {
+        let kinds: Vec<&str> = self.stock_kinds.iter().map(|s| s.kind).collect();
+        kinds.join(", ")
+    }
 }
 
 /// Whether a reference names a stock Flux source kind: one of the kinds of
 /// [`FLUX_SOURCE_GROUP`], with that group's apiVersion or with none.
 pub fn is_stock_ref(api_version: Option<&str>, kind: &str) -> bool {
-    STOCK_SOURCE_KINDS.contains(&kind)
-        && api_version.is_none_or(|v| crate::api::split_api_version(v).0 == FLUX_SOURCE_GROUP)
+    StockSource::by_kind(kind).is_some()
+        && api_version.is_none_or(|v| split_api_version(v).0 == FLUX_SOURCE_GROUP)
 }
 
 /// The CEL expression that lets a request of `consumer` reach the webhook:
@@ -172,7 +191,7 @@ fn field_condition(field: &RefField) -> String {
     let kinds = field
         .stock_kinds
         .iter()
-        .map(|k| format!("'{k}'"))
+        .map(|s| format!("'{}'", s.kind))
         .collect::<Vec<_>>()
         .join(", ");
     let expr = format!("object.{}", field.dotted());

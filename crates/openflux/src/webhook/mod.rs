@@ -13,6 +13,7 @@
 
 pub mod cabundle;
 pub mod consumers;
+pub mod decision;
 pub mod metrics;
 pub mod review;
 pub mod rewrite;
@@ -31,8 +32,9 @@ use tokio::sync::watch;
 use crate::certs::{self, CertFiles, CertKeeper, CertSource};
 use crate::index::OwnerIndex;
 
+pub use decision::{Decision, Options};
 pub use metrics::{register, WebhookMetrics};
-pub use rewrite::{decide, Decision, Options};
+pub use rewrite::decide;
 
 /// Flags of the webhook, part of `openflux run`.
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]

@@ -4,10 +4,12 @@
 //! Only the fields openflux reads are parsed; objects stay plain JSON, so a
 //! JSON patch is computed against exactly what the API server sent.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::rewrite::Decision;
+use super::decision::Decision;
 
 /// `apiVersion` of the AdmissionReview openflux speaks.
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
@@ -65,8 +67,47 @@ pub enum ReviewError {
     Invalid { uid: String, message: String },
 }
 
+/// The envelope of a well-formed AdmissionReview, read in one pass; the
+/// strings are borrowed from the body where it has no escapes.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default, rename = "apiVersion")]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    request: Option<AdmissionRequest>,
+}
+
 /// Reads an AdmissionReview request from a body.
+///
+/// A well-formed review is read in one pass straight into the typed request
+/// (objects as JSON values); anything else is read again by [`parse_tree`],
+/// which says what is wrong. Measured in release
+/// (`cargo bench --bench openflux -- --only parse`), one pass reads a 1 KiB
+/// Kustomization CREATE in 3.3 µs, where the tree takes 7.6 µs and kube's
+/// `AdmissionReview<DynamicObject>` types 6.6 µs (0.73 ms, 1.19 ms and
+/// 1.20 ms for a 100 KiB HelmRelease UPDATE), so kube's types stay off the
+/// hot path.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
+    if let Ok(Envelope {
+        api_version: Some(api_version),
+        kind: Some(kind),
+        request: Some(request),
+    }) = serde_json::from_slice::<Envelope>(body)
+    {
+        if api_version == ADMISSION_API_VERSION && kind == ADMISSION_KIND && !request.uid.is_empty()
+        {
+            return Ok(request);
+        }
+    }
+    parse_tree(body)
+}
+
+/// Reads an AdmissionReview request from a body through a JSON tree, telling
+/// a request without a uid (which no AdmissionReview can answer) from one
+/// that has a uid but is malformed.
+pub fn parse_tree(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
     let mut review: Value = serde_json::from_slice(body)
         .map_err(|e| ReviewError::Unanswerable(format!("body is not JSON: {e}")))?;
     let Some(fields) = review.as_object_mut() else {
@@ -111,47 +152,58 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, ReviewError> {
         .map_err(|e| invalid(format!("the AdmissionReview request is malformed: {e}")))
 }
 
+/// A decision that cannot be put on the wire: the JSON patch openflux built
+/// does not serialize. openflux's own code rules this out, so it is an
+/// internal error, answered as such and never as an empty patch.
+#[derive(Debug, thiserror::Error)]
+#[error("openflux cannot encode the JSON patch it decided on: {0}")]
+pub struct EncodeError(#[from] serde_json::Error);
+
 /// The AdmissionReview answering request `uid` with `decision`.
-pub fn response(uid: &str, decision: &Decision) -> Value {
+pub fn response(uid: &str, decision: &Decision) -> Result<Value, EncodeError> {
     let mut response = json!({ "uid": uid, "allowed": true });
     match decision {
         Decision::Unchanged => {}
         Decision::Rewrite { patch, warnings } => {
-            // The patch is plain data built by openflux; serializing it cannot fail.
-            let bytes = serde_json::to_vec(patch).unwrap_or_default();
+            let bytes = serde_json::to_vec(patch)?;
             response["patchType"] = json!("JSONPatch");
             response["patch"] = json!(k8s_openapi::ByteString(bytes));
             if !warnings.is_empty() {
                 response["warnings"] = json!(warnings);
             }
         }
-        Decision::Deny { message } => {
-            response["allowed"] = json!(false);
-            response["status"] = status(403, "Forbidden", message);
-        }
-        Decision::Error { code, message } => {
-            response["allowed"] = json!(false);
-            let reason = match code {
-                400 => "BadRequest",
-                503 => "ServiceUnavailable",
-                _ => "InternalError",
-            };
-            response["status"] = status(*code, reason, message);
-        }
+        Decision::Deny { message } => return Ok(refusal(uid, 403, message)),
+        Decision::Error { code, message } => return Ok(refusal(uid, *code, message)),
     }
+    Ok(review(response))
+}
+
+/// The AdmissionReview refusing request `uid` with HTTP status `code`
+/// (403: denied; 400, 500, 503: not decided) and `message`.
+pub fn refusal(uid: &str, code: u16, message: &str) -> Value {
+    let reason = match code {
+        400 => "BadRequest",
+        403 => "Forbidden",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    review(json!({
+        "uid": uid,
+        "allowed": false,
+        "status": {
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": message,
+        },
+    }))
+}
+
+fn review(response: Value) -> Value {
     json!({
         "apiVersion": ADMISSION_API_VERSION,
         "kind": ADMISSION_KIND,
         "response": response,
-    })
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "status": "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
     })
 }
 
@@ -181,6 +233,36 @@ mod tests {
         assert_eq!(req.namespace.as_deref(), Some("apps"));
         assert_eq!(req.old_object, None);
         assert_eq!(req.dry_run, Some(true));
+    }
+
+    #[test]
+    fn one_pass_and_tree_read_every_body_alike() {
+        let dir = format!("{}/tests/fixtures/admission", env!("CARGO_MANIFEST_DIR"));
+        let mut bodies: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|f| std::fs::read(f.unwrap().path()).unwrap())
+            .collect();
+        assert!(bodies.len() >= 5, "{} recorded reviews", bodies.len());
+        for (from, to) in [
+            ("\"uid\": \"u-1\"", "\"uid\": \"\""),
+            ("\"uid\": \"u-1\"", "\"uid\": \"u-1\", \"uid\": \"u-2\""),
+            ("\"CREATE\"", "\"PATCH\""),
+            ("\"AdmissionReview\"", "\"Admission\\u0052eview\""),
+            ("\"admission.k8s.io/v1\"", "1"),
+            ("\"oldObject\": null", "\"oldObject\": {\"a\": 1, \"a\": 2}"),
+        ] {
+            assert!(REVIEW.contains(from), "{from}");
+            bodies.push(REVIEW.replace(from, to).into_bytes());
+        }
+        bodies.extend([b"not json".to_vec(), b"[]".to_vec(), b"{}".to_vec()]);
+        for body in &bodies {
+            assert_eq!(
+                parse(body),
+                parse_tree(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
@@ -222,7 +304,8 @@ mod tests {
                 patch,
                 warnings: vec!["w".into()],
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(out["response"]["uid"], "u-1");
         assert_eq!(out["response"]["allowed"], true);
@@ -241,7 +324,8 @@ mod tests {
             &Decision::Deny {
                 message: "no".into(),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["response"]["allowed"], false);
         assert_eq!(out["response"]["status"]["code"], 403);
         assert_eq!(out["response"]["status"]["message"], "no");
@@ -252,11 +336,18 @@ mod tests {
                 code: 400,
                 message: "bad".into(),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(out["response"]["status"]["code"], 400);
         assert_eq!(out["response"]["status"]["reason"], "BadRequest");
 
-        let out = response("u-4", &Decision::Unchanged);
+        let out = response("u-4", &Decision::Unchanged).unwrap();
         assert_eq!(out["response"], json!({"uid": "u-4", "allowed": true}));
+
+        let out = response("u-5", &Decision::internal("impossible")).unwrap();
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 500);
+        assert_eq!(out["response"]["status"]["reason"], "InternalError");
+        assert_eq!(out, refusal("u-5", 500, "impossible"));
     }
 }

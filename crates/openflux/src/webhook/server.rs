@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -22,10 +22,12 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::consumers;
+use super::decision::{Decision, Options};
 use super::metrics::WebhookMetrics;
 use super::review::{self, ReviewError};
-use super::rewrite::{decide, Decision, Options};
+use super::rewrite::decide;
 use crate::index::OwnerIndex;
+use crate::locks;
 
 /// Path the API server posts AdmissionReviews to.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -70,8 +72,7 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
             state
                 .metrics
                 .observe("unknown", "error", started.elapsed().as_secs_f64());
-            let decision = Decision::Error { code: 400, message };
-            return Json(review::response(&uid, &decision)).into_response();
+            return Json(review::refusal(&uid, 400, &message)).into_response();
         }
     };
     let consumer = consumers::find(&request.resource.group, &request.resource.resource)
@@ -92,25 +93,32 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
         operation = ?request.operation,
         dry_run = request.dry_run.unwrap_or(false),
     );
-    let decision = {
+    let mut decision = {
         // Hold the read lock for the decision only; it never crosses an await.
-        let index = state.index.read().unwrap_or_else(PoisonError::into_inner);
+        let index = locks::read(&state.index);
         decide(&request, &index, &state.options)
     };
+    let answer = review::response(&request.uid, &decision).unwrap_or_else(|error| {
+        decision = Decision::internal(error.to_string());
+        review::refusal(&request.uid, 500, &error.to_string())
+    });
     let outcome = decision.outcome();
     span.in_scope(|| match &decision {
         Decision::Unchanged => tracing::debug!(outcome, "admitted unchanged"),
         Decision::Rewrite { patch, warnings } => {
             // Debug: every re-apply of such an object is rewritten again.
-            tracing::debug!(outcome, patch = %serde_json::to_string(patch).unwrap_or_default(), ?warnings, "rewrote source reference")
+            tracing::debug!(outcome, %patch, ?warnings, "rewrote source reference")
         }
         Decision::Deny { message } => tracing::info!(outcome, %message, "denied"),
+        Decision::Error { code, message } if *code >= 500 => {
+            tracing::error!(outcome, code, %message, "not decided")
+        }
         Decision::Error { code, message } => tracing::warn!(outcome, code, %message, "not decided"),
     });
     state
         .metrics
         .observe(consumer, outcome, started.elapsed().as_secs_f64());
-    Json(review::response(&request.uid, &decision)).into_response()
+    Json(answer).into_response()
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes; then

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::api::{Artifact, ArtifactSpec};
+use crate::api::{Artifact, ArtifactSpec, StockSource, SOURCE_REF_ANNOTATION};
 use crate::webhook::review;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";
@@ -656,5 +656,15 @@ fn the_annotation_key_is_escaped_in_patches() {
     assert!(
         text.contains("/metadata/annotations/openflux.dev~1source-ref"),
         "{text}"
+    );
+}
+
+#[test]
+fn exports_are_the_stock_external_artifact() {
+    let stock = StockSource::EXTERNAL_ARTIFACT;
+    assert_eq!(EXPORT_KIND, stock.kind);
+    assert_eq!(
+        EXPORT_API_VERSION,
+        format!("{FLUX_SOURCE_GROUP}/{}", stock.versions[0])
     );
 }

@@ -1,33 +1,18 @@
-//! The export controller: every Artifact whose producer is not a stock Flux
-//! source is kept as an `ExternalArtifact` (source.toolkit.fluxcd.io/v1) that
-//! the unchanged Flux consumers read.
-//!
-//! The exported object lives in the Artifact's namespace under the name the
-//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), points
-//! back at the producing source in `spec.sourceRef` (so `flux trace` and
-//! notification Alerts work), is owned by the Artifact, and carries the
-//! Artifact in `status.artifact` with a `Ready` condition.
+//! What the export controller decides: the object an Artifact is exported
+//! as, whether the exported object already says it, the status it should
+//! carry, and whether its name is taken. Plain functions from data to data.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Patch;
 use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::Controller;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::api::{
-    is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference, API_VERSION,
-    ARTIFACT_LABEL, KIND, MANAGED_BY, MANAGED_BY_LABEL, READY,
+    conditions, reason, Artifact, API_VERSION, ARTIFACT_LABEL, KIND, MANAGED_BY, MANAGED_BY_LABEL,
+    READY,
 };
-use crate::controller::{apply_params, hash_of, ready, Context, Error};
-use crate::index::IndexedArtifact;
 use crate::naming;
 
 /// The object an Artifact is exported as, and its status.
@@ -168,25 +153,20 @@ pub fn desired_status(
     plan: &ExportPlan,
     generation: Option<i64>,
 ) -> Value {
-    let previous = current
+    let previous: Option<Condition> = current
         .and_then(|c| c.data.get("status"))
         .and_then(|s| s.get("conditions"))
         .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c["type"] == READY));
-    let since = match previous {
-        Some(p) if p["status"] == "True" => p["lastTransitionTime"].clone(),
-        _ => json!(Time(Timestamp::now())),
-    };
-    let mut condition = json!({
-        "type": READY,
-        "status": "True",
-        "reason": reason::SUCCEEDED,
-        "message": plan.message,
-        "lastTransitionTime": since,
-    });
-    if let Some(g) = generation {
-        condition["observedGeneration"] = json!(g);
-    }
+        .and_then(|cs| cs.iter().find(|c| c["type"] == READY))
+        .and_then(|c| Condition::deserialize(c).ok());
+    let condition = conditions::ready(
+        true,
+        reason::SUCCEEDED,
+        &plan.message,
+        generation,
+        previous.as_ref(),
+        &conditions::now(),
+    );
     json!({ "artifact": plan.artifact, "conditions": [condition] })
 }
 
@@ -243,166 +223,6 @@ pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> 
             "ExternalArtifact {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
         )
     })
-}
-
-/// Runs the export controller until `shutdown`. `triggers` carries every
-/// Artifact to look at again (its own changes, its exported object's
-/// changes, a sibling's arrival).
-pub async fn run(
-    ctx: Arc<Context>,
-    artifacts: Store<Artifact>,
-    triggers: impl futures::Stream<Item = Arc<Artifact>> + Send + 'static,
-    concurrency: u16,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    Controller::for_shared_stream(triggers, artifacts)
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconcile,
-            |artifact, error, ctx| {
-                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
-                ctx.metrics.observe_reconcile("export", 0.0, false);
-                Action::requeue(Duration::from_secs(5))
-            },
-            ctx,
-        )
-        .for_each(|_| futures::future::ready(()))
-        .await;
-    tracing::info!("export controller stopped");
-}
-
-#[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
-async fn reconcile(artifact: Arc<Artifact>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_inner(&artifact, &ctx).await;
-    ctx.metrics
-        .observe_reconcile("export", started.elapsed().as_secs_f64(), true);
-    result
-}
-
-async fn reconcile_inner(artifact: &Artifact, ctx: &Context) -> Result<Action, Error> {
-    let indexed =
-        IndexedArtifact::from_artifact(artifact).ok_or(Error::MissingField("namespace"))?;
-    if let Some(owner) = &indexed.owner {
-        if is_stock_source(&owner.source.group, &owner.source.kind) {
-            // Mirrored: Flux reads the source itself.
-            return Ok(Action::await_change());
-        }
-    }
-    let namespace = indexed.key.namespace.clone();
-    let source = indexed
-        .owner
-        .as_ref()
-        .map(|o| format!("{}/{}", o.source.kind, o.source.name));
-    let export_name = match ctx.index.read() {
-        Ok(index) => index.export_name(&indexed),
-        Err(_) => return Err(Error::MissingField("owner index (poisoned lock)")),
-    };
-    let status =
-        |ok: bool, reason: &str, message: &str, exported: Option<ObjectReference>| ArtifactStatus {
-            observed_generation: artifact.metadata.generation,
-            source: source.clone(),
-            exported_ref: exported,
-            conditions: vec![ready(artifact, ok, reason, message)],
-        };
-
-    let target = ctx.export_target.read().ok().and_then(|t| t.clone());
-    let Some(target) = target else {
-        let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
-        ctx.apply_artifact_status(
-            artifact,
-            status(false, reason::EXPORT_TARGET_MISSING, msg, None),
-        )
-        .await?;
-        return Ok(Action::requeue(Duration::from_secs(60)));
-    };
-    let plan = match plan(artifact, &export_name, &target) {
-        Ok(p) => p,
-        Err(msg) => {
-            ctx.apply_artifact_status(
-                artifact,
-                status(false, reason::INVALID_ARTIFACT, &msg, None),
-            )
-            .await?;
-            return Ok(Action::await_change());
-        }
-    };
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &target);
-    let cached = ctx.exports.read().ok().and_then(|s| {
-        s.as_ref().and_then(|s| {
-            s.get(&ObjectRef::new_with(&export_name, target.clone()).within(&namespace))
-        })
-    });
-    // An object we did not create is not in the (labelled) cache: ask.
-    let current: Option<DynamicObject> = match cached {
-        Some(c) => Some((*c).clone()),
-        None => api.get_opt(&export_name).await?,
-    };
-    let uid = artifact.uid().unwrap_or_default();
-    if let Some(existing) = &current {
-        if let Some(msg) = conflict(existing, &uid) {
-            ctx.apply_artifact_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
-                .await?;
-            return Ok(Action::requeue(Duration::from_secs(60)));
-        }
-    }
-
-    let key = format!("export/{namespace}/{export_name}");
-    let rv = current.as_ref().and_then(|c| c.resource_version());
-    let hash = hash_of(&plan.object)?;
-    let mut latest = current.clone();
-    let needs_object = !current
-        .as_ref()
-        .is_some_and(|c| object_up_to_date(c, &plan.object));
-    if needs_object && !ctx.memo.already_written(&key, rv.as_deref(), hash) {
-        let applied = api
-            .patch(&export_name, &apply_params(), &Patch::Apply(&plan.object))
-            .await?;
-        ctx.memo.record(key, rv, hash);
-        ctx.metrics.exported.inc();
-        latest = Some(applied);
-    }
-    let generation = latest.as_ref().and_then(|l| l.metadata.generation);
-    let desired = desired_status(latest.as_ref(), &plan, generation);
-    let status_key = format!("export-status/{namespace}/{export_name}");
-    let status_rv = latest.as_ref().and_then(|l| l.resource_version());
-    let status_hash = hash_of(&desired)?;
-    let needs_status = !latest
-        .as_ref()
-        .is_some_and(|l| status_up_to_date(l, &desired));
-    if needs_status
-        && !ctx
-            .memo
-            .already_written(&status_key, status_rv.as_deref(), status_hash)
-    {
-        let body = json!({
-            "apiVersion": target.api_version,
-            "kind": target.kind,
-            "status": desired,
-        });
-        api.patch_status(&export_name, &apply_params(), &Patch::Apply(&body))
-            .await?;
-        ctx.memo.record(status_key, status_rv, status_hash);
-        ctx.metrics.exported.inc();
-        tracing::info!(export = %export_name, revision = %artifact.spec.revision, "exported artifact");
-    }
-    let exported = ObjectReference {
-        api_version: target.api_version.clone(),
-        kind: target.kind.clone(),
-        name: export_name.clone(),
-        namespace: Some(namespace.clone()),
-    };
-    let msg = format!(
-        "exported as {} {namespace}/{export_name} at revision '{}'",
-        target.kind, artifact.spec.revision
-    );
-    ctx.apply_artifact_status(
-        artifact,
-        status(true, reason::EXPORTED, &msg, Some(exported)),
-    )
-    .await?;
-    Ok(Action::await_change())
 }
 
 /// Labels selecting the objects openflux exports.

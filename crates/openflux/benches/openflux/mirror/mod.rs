@@ -20,9 +20,13 @@ use serde_json::{json, Value};
 use crate::cluster::{self, MANAGER, SOURCE};
 use crate::observe::{string_at, Observer};
 use crate::process::{self, Openflux};
-use crate::report::{Figure, Report};
-use crate::stats::{ms, summarize};
+use crate::report::Report;
+use crate::stats::ms;
+
+mod figures;
+
 use crate::support::Env;
+use figures::Measured;
 
 pub struct Params {
     /// Numbers of sources, one run each.
@@ -358,114 +362,24 @@ async fn one_size(
         - process::apiserver_writes(&api_after, "openflux.dev", "artifacts"))
         / noops;
 
-    let peak_rss = of.peak_rss().map(|b| b as f64 / (1024.0 * 1024.0));
+    let measured = Measured {
+        present,
+        ready,
+        baseline_sync,
+        artifact_sync,
+        sync_writes,
+        sync_reconciles,
+        via_openflux,
+        via_source,
+        peak_rss: of.peak_rss().map(|b| b as f64 / (1024.0 * 1024.0)),
+        of_writes,
+        api_writes,
+        of_noop_writes,
+        api_noop_writes,
+    };
     of.stop();
     drop(artifacts);
     drop(sources);
-
-    // Figures.
-    let sync_ratio = present.as_secs_f64() / baseline_sync.as_secs_f64();
-    let mut f = Figure::new(
-        &section,
-        "initial sync: start to all Artifacts present",
-        "s",
-        present.as_secs_f64(),
-    )
-    .baseline(baseline_sync.as_secs_f64());
-    if n == 5000 {
-        f = f.target("ratio <= 2.0", sync_ratio <= 2.0);
-    }
-    report.push(f);
-    report.push(Figure::new(
-        &section,
-        "initial sync: start to all Artifacts Ready",
-        "s",
-        ready.as_secs_f64(),
-    ));
-    report.push(
-        Figure::new(
-            &section,
-            "initial sync vs. N Artifact applies by a plain client",
-            "s",
-            present.as_secs_f64(),
-        )
-        .baseline(artifact_sync.as_secs_f64()),
-    );
-    report.push(Figure::new(
-        &section,
-        "initial sync: API writes per source (API server)",
-        "writes",
-        sync_writes,
-    ));
-    report.push(Figure::new(
-        &section,
-        "initial sync: mirror reconciles per source",
-        "reconciles",
-        sync_reconciles,
-    ));
-    let of_lat = summarize(via_openflux.clone());
-    let src_lat = summarize(via_source.clone());
-    eprintln!(
-        "{section}: {} changes: p50/p99 {:.1}/{:.1} ms via openflux, {:.1}/{:.1} ms for the source itself",
-        of_lat.n, of_lat.p50, of_lat.p99, src_lat.p50, src_lat.p99
-    );
-    report.push(Figure::new(&section, "propagation p50", "ms", of_lat.p50).baseline(src_lat.p50));
-    let mut f = Figure::new(&section, "propagation p99", "ms", of_lat.p99).baseline(src_lat.p99);
-    if n == 1000 {
-        f = f.target("<= baseline + 10 ms", of_lat.p99 <= src_lat.p99 + 10.0);
-    }
-    report.push(f);
-    if let Some(rss) = peak_rss {
-        let mut f = Figure::new(&section, "openflux peak RSS (VmHWM)", "MiB", rss);
-        if n == 5000 {
-            f = f.target("<= 64 MiB", rss <= 64.0);
-        }
-        report.push(f);
-    }
-    let exactly = |v: f64, want: f64| (v - want).abs() < 1e-9;
-    report.push(
-        Figure::new(
-            &section,
-            "writes per change (openflux metric)",
-            "writes",
-            of_writes,
-        )
-        .target("= 1", exactly(of_writes, 1.0)),
-    );
-    report.push(
-        Figure::new(
-            &section,
-            "writes per change (API server)",
-            "writes",
-            api_writes,
-        )
-        .target("= 1", exactly(api_writes, 1.0)),
-    );
-    report.push(
-        Figure::new(
-            &section,
-            "writes per no-op write (openflux metric)",
-            "writes",
-            of_noop_writes,
-        )
-        .target("= 0", exactly(of_noop_writes, 0.0)),
-    );
-    report.push(
-        Figure::new(
-            &section,
-            "writes per no-op write (API server)",
-            "writes",
-            api_noop_writes,
-        )
-        .target("= 0", exactly(api_noop_writes, 0.0)),
-    );
-    report.samples(
-        &format!("{section} propagation via openflux (ms)"),
-        &via_openflux,
-    );
-    report.samples(
-        &format!("{section} propagation of the source itself (ms)"),
-        &via_source,
-    );
+    figures::push(&section, n, &measured, report);
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! The export controller: every Artifact whose producer is not a stock Flux
+//! source is kept as an `ExternalArtifact` (source.toolkit.fluxcd.io/v1) that
+//! the unchanged Flux consumers read.
+//!
+//! The exported object lives in the Artifact's namespace under the name the
+//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), points
+//! back at the producing source in `spec.sourceRef` (so `flux trace` and
+//! notification Alerts work), is owned by the Artifact, and carries the
+//! Artifact in `status.artifact` with a `Ready` condition. [`plan`] decides;
+//! this module runs the controller that writes what it decided.
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Patch;
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, Controller};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+pub use plan::{
+    conflict, desired_status, managed_selector, object_up_to_date, path_from_url, plan,
+    status_up_to_date, ExportPlan,
+};
+
+use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
+use crate::controller::{apply_params, hash_of, ready, Context, Error};
+use crate::index::IndexedArtifact;
+use crate::locks;
+
+/// What Artifacts are exported as, once the cluster serves it: the resource,
+/// and the objects openflux exported (labelled as managed by it), as watched.
+#[derive(Clone)]
+pub struct ExportTarget {
+    pub resource: ApiResource,
+    pub exports: Store<DynamicObject>,
+}
+
+/// The export controller's context, built once per run of the controller.
+struct Exporter {
+    ctx: Arc<Context>,
+    /// `None` while the cluster does not serve the export target.
+    target: Option<ExportTarget>,
+}
+
+/// Runs the export controller until `shutdown`, reconciling each Artifact
+/// `triggers` names (its own changes, its exported object's changes, a
+/// sibling's arrival or departure).
+pub async fn run(
+    ctx: Arc<Context>,
+    target: Option<ExportTarget>,
+    triggers: impl futures::Stream<Item = ObjectRef<Artifact>> + Send + 'static,
+    concurrency: u16,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let artifacts = ctx.artifacts.clone();
+    // Every trigger comes from the router; the controller's own stream
+    // stays empty.
+    let nothing = futures::stream::pending::<Result<Artifact, watcher::Error>>();
+    Controller::for_stream_with(nothing, artifacts, ())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            |artifact, error, _exporter| {
+                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            },
+            Arc::new(Exporter { ctx, target }),
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    tracing::info!("export controller stopped");
+}
+
+#[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
+async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
+    let measure = exporter.ctx.metrics.reconcile("export");
+    measure.outcome(reconcile_inner(&artifact, &exporter).await)
+}
+
+async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Action, Error> {
+    let ctx = &exporter.ctx;
+    let indexed =
+        IndexedArtifact::from_artifact(artifact).ok_or(Error::MissingField("namespace"))?;
+    if let Some(owner) = &indexed.owner {
+        if is_stock_source(&owner.source.group, &owner.source.kind) {
+            // Mirrored: Flux reads the source itself.
+            return Ok(Action::await_change());
+        }
+    }
+    let source = indexed
+        .owner
+        .as_ref()
+        .map(|o| format!("{}/{}", o.source.kind, o.source.name));
+    let status =
+        |ok: bool, reason: &str, message: &str, exported: Option<ObjectReference>| ArtifactStatus {
+            observed_generation: artifact.metadata.generation,
+            source: source.clone(),
+            exported_ref: exported,
+            conditions: vec![ready(artifact, ok, reason, message)],
+        };
+
+    let Some(target) = &exporter.target else {
+        let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
+        ctx.apply_artifact_status(
+            artifact,
+            status(false, reason::EXPORT_TARGET_MISSING, msg, None),
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    };
+    let export_name = locks::read(&ctx.index).export_name(&indexed);
+    let plan = match plan(artifact, &export_name, &target.resource) {
+        Ok(p) => p,
+        Err(msg) => {
+            ctx.apply_artifact_status(
+                artifact,
+                status(false, reason::INVALID_ARTIFACT, &msg, None),
+            )
+            .await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let namespace = &indexed.key.namespace;
+    let export = Export::new(ctx, target, namespace, &export_name);
+    let current = export.current().await?;
+    if let Some(existing) = &current {
+        if let Some(msg) = conflict(existing, &artifact.uid().unwrap_or_default()) {
+            ctx.apply_artifact_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
+                .await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+    }
+    let latest = export.write_object(&plan, current).await?;
+    if export.write_status(&plan, latest.as_ref()).await? {
+        tracing::info!(export = %export_name, revision = %artifact.spec.revision, "exported artifact");
+    }
+    let exported = ObjectReference {
+        api_version: target.resource.api_version.clone(),
+        kind: target.resource.kind.clone(),
+        name: export_name.clone(),
+        namespace: Some(namespace.clone()),
+    };
+    let msg = format!(
+        "exported as {} {namespace}/{export_name} at revision '{}'",
+        target.resource.kind, artifact.spec.revision
+    );
+    ctx.apply_artifact_status(
+        artifact,
+        status(true, reason::EXPORTED, &msg, Some(exported)),
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// The exported object of one Artifact, and the writes that keep it.
+struct Export<'a> {
+    ctx: &'a Context,
+    target: &'a ExportTarget,
+    api: Api<DynamicObject>,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl<'a> Export<'a> {
+    fn new(ctx: &'a Context, target: &'a ExportTarget, namespace: &'a str, name: &'a str) -> Self {
+        let api = Api::namespaced_with(ctx.client.clone(), namespace, &target.resource);
+        Self {
+            ctx,
+            target,
+            api,
+            namespace,
+            name,
+        }
+    }
+
+    /// The object as it is now: from the watch of exported objects, or, for
+    /// an object openflux did not create (not in that labelled cache), asked.
+    async fn current(&self) -> Result<Option<DynamicObject>, Error> {
+        let key =
+            ObjectRef::new_with(self.name, self.target.resource.clone()).within(self.namespace);
+        match self.target.exports.get(&key) {
+            Some(cached) => Ok(Some((*cached).clone())),
+            None => Ok(self.api.get_opt(self.name).await?),
+        }
+    }
+
+    /// Applies the object's metadata and spec unless they are already so;
+    /// returns the object as it is after that.
+    async fn write_object(
+        &self,
+        plan: &ExportPlan,
+        current: Option<DynamicObject>,
+    ) -> Result<Option<DynamicObject>, Error> {
+        let key = format!("export/{}/{}", self.namespace, self.name);
+        let rv = current.as_ref().and_then(|c| c.resource_version());
+        let hash = hash_of(&plan.object)?;
+        let up_to_date = current
+            .as_ref()
+            .is_some_and(|c| object_up_to_date(c, &plan.object));
+        if up_to_date || self.ctx.memo.already_written(&key, rv.as_deref(), hash) {
+            return Ok(current);
+        }
+        let applied = self
+            .api
+            .patch(self.name, &apply_params(), &Patch::Apply(&plan.object))
+            .await?;
+        self.ctx.memo.record(key, rv, hash);
+        self.ctx.metrics.exported.inc();
+        Ok(Some(applied))
+    }
+
+    /// Applies the object's status unless it already is so; returns whether
+    /// it wrote.
+    async fn write_status(
+        &self,
+        plan: &ExportPlan,
+        latest: Option<&DynamicObject>,
+    ) -> Result<bool, Error> {
+        let generation = latest.and_then(|l| l.metadata.generation);
+        let desired = desired_status(latest, plan, generation);
+        let key = format!("export-status/{}/{}", self.namespace, self.name);
+        let rv = latest.and_then(|l| l.resource_version());
+        let hash = hash_of(&desired)?;
+        let up_to_date = latest.is_some_and(|l| status_up_to_date(l, &desired));
+        if up_to_date || self.ctx.memo.already_written(&key, rv.as_deref(), hash) {
+            return Ok(false);
+        }
+        let body = json!({
+            "apiVersion": self.target.resource.api_version,
+            "kind": self.target.resource.kind,
+            "status": desired,
+        });
+        self.api
+            .patch_status(self.name, &apply_params(), &Patch::Apply(&body))
+            .await?;
+        self.ctx.memo.record(key, rv, hash);
+        self.ctx.metrics.exported.inc();
+        Ok(true)
+    }
+}

@@ -1,0 +1,190 @@
+//! The mirror controller: one Artifact for every stock Flux source that has
+//! an artifact in its status.
+//!
+//! The Artifact is named after the source's kind and name, controlled by the
+//! source (so garbage collection removes it with the source), and written by
+//! server-side apply only when it differs from what the source says. [`plan`]
+//! decides; this module runs the controller that writes what it decided.
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{DeleteParams, Patch, Preconditions};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, Controller};
+use kube::{Client, ResourceExt};
+
+pub use plan::{is_own_export, mirrored_status, plan, slim, up_to_date, InvalidSource, Plan};
+
+use crate::api::{StockSource, FLUX_SOURCE_GROUP};
+use crate::controller::{apply_params, hash_of, Context, Error};
+use crate::telemetry::KindLabels;
+
+/// Finds the first version of `kind` the API server serves.
+pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource> {
+    for version in kind.versions {
+        let gv = format!("{FLUX_SOURCE_GROUP}/{version}");
+        let Ok(list) = client.list_api_group_resources(&gv).await else {
+            continue;
+        };
+        if list
+            .resources
+            .iter()
+            .any(|r| r.kind == kind.kind && r.name == kind.plural)
+        {
+            let gvk = GroupVersionKind::gvk(FLUX_SOURCE_GROUP, version, kind.kind);
+            return Some(ApiResource::from_gvk_with_plural(&gvk, kind.plural));
+        }
+    }
+    None
+}
+
+/// One mirror controller for one source kind.
+pub struct Mirror {
+    pub source: &'static StockSource,
+    pub resource: ApiResource,
+}
+
+impl Mirror {
+    /// Runs until `shutdown`, reconciling each source `triggers` names.
+    /// `sources` is the store the watch of this kind keeps (slimmed by
+    /// [`slim`]); the controller waits until that watch listed everything.
+    pub async fn run(
+        self,
+        ctx: Arc<Context>,
+        sources: Store<DynamicObject>,
+        triggers: impl futures::Stream<Item = ObjectRef<DynamicObject>> + Send + 'static,
+        concurrency: u16,
+        shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    ) {
+        let stock = self.source;
+        let kind = stock.kind;
+        let ar = Arc::new(self.resource.clone());
+        // Every trigger comes from the router; the controller's own stream
+        // stays empty.
+        let nothing = futures::stream::pending::<Result<DynamicObject, watcher::Error>>();
+        Controller::for_stream_with(nothing, sources, self.resource)
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .reconcile_on(triggers)
+            .graceful_shutdown_on(shutdown)
+            .run(
+                move |source, ctx| reconcile(source, ctx, stock, ar.clone()),
+                move |source, error, _ctx| {
+                    tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
+                    Action::requeue(Duration::from_secs(5))
+                },
+                ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+            .await;
+        tracing::info!(kind, "mirror controller stopped");
+    }
+}
+
+#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
+async fn reconcile(
+    source: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+    stock: &'static StockSource,
+    ar: Arc<ApiResource>,
+) -> Result<Action, Error> {
+    let measure = ctx.metrics.reconcile("mirror");
+    measure.outcome(reconcile_inner(&source, &ctx, stock, &ar).await)
+}
+
+async fn reconcile_inner(
+    source: &DynamicObject,
+    ctx: &Context,
+    stock: &'static StockSource,
+    ar: &ApiResource,
+) -> Result<Action, Error> {
+    let namespace = source.namespace().ok_or(Error::MissingField("namespace"))?;
+    match plan(stock, &ar.api_version, source) {
+        Err(invalid) => {
+            // Not retried: the source must change first.
+            tracing::warn!(error = %invalid, "not mirroring");
+        }
+        Ok(Plan::Skip) => {}
+        Ok(Plan::Remove { name }) => remove(ctx, source, &namespace, &name).await?,
+        Ok(Plan::Mirror(desired)) => write(ctx, stock, source, &namespace, &desired).await?,
+    }
+    Ok(Action::await_change())
+}
+
+/// Deletes the Artifact `name` if `source` controls it.
+async fn remove(
+    ctx: &Context,
+    source: &DynamicObject,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let Some(current) = ctx.artifacts.get(&ObjectRef::new(name).within(namespace)) else {
+        return Ok(());
+    };
+    let source_uid = source.uid();
+    let ours = current
+        .controller_owner()
+        .is_some_and(|o| Some(&o.uid) == source_uid.as_ref());
+    if !ours {
+        return Ok(());
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: current.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match ctx.artifact_api(namespace).delete(name, &dp).await {
+        Ok(_) => {
+            tracing::info!(artifact = %name, "source has no artifact any more; deleted its Artifact")
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.memo.forget(&format!("artifact/{namespace}/{name}"));
+    Ok(())
+}
+
+/// Applies `desired` unless the Artifact already says it, then its status.
+async fn write(
+    ctx: &Context,
+    stock: &'static StockSource,
+    source: &DynamicObject,
+    namespace: &str,
+    desired: &crate::api::Artifact,
+) -> Result<(), Error> {
+    let name = desired.name_any();
+    let current = ctx.artifacts.get(&ObjectRef::new(&name).within(namespace));
+    let key = format!("artifact/{namespace}/{name}");
+    let hash = hash_of(desired)?;
+    let rv = current.as_ref().and_then(|c| c.resource_version());
+    let written = match &current {
+        Some(c) if up_to_date(c, desired) => None,
+        _ if ctx.memo.already_written(&key, rv.as_deref(), hash) => None,
+        _ => {
+            let applied = ctx
+                .artifact_api(namespace)
+                .patch(&name, &apply_params(), &Patch::Apply(desired))
+                .await?;
+            ctx.memo.record(key, rv, hash);
+            let kind = stock.kind.to_string();
+            ctx.metrics
+                .mirrored
+                .get_or_create(&KindLabels { kind })
+                .inc();
+            tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
+            Some(applied)
+        }
+    };
+    if let Some(latest) = written.as_ref().or(current.as_deref()) {
+        let status = mirrored_status(latest, stock.kind, &source.name_any());
+        ctx.apply_artifact_status(latest, status).await?;
+    }
+    Ok(())
+}

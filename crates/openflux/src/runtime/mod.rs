@@ -1,0 +1,214 @@
+//! `openflux run`: the wiring.
+//!
+//! Every replica watches Artifacts into the owner index (which the webhook
+//! reads) and serves health and metrics; the elected leader also runs the
+//! controllers. The parts:
+//!
+//! - [`router`]: what one watch event means (pure, tested as a table);
+//! - [`watch`]: the one watcher loop every watched kind runs, and the hub
+//!   that applies what the router decided;
+//! - [`controllers`]: the leader's mirrors and export controller;
+//! - [`flags`]: the command line.
+
+pub mod controllers;
+pub mod flags;
+pub mod router;
+pub mod watch;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+pub use flags::RunArgs;
+
+use self::controllers::Controllers;
+use self::router::Event;
+use self::watch::{without_managed_fields, Hub, Watch};
+use crate::api::Artifact;
+use crate::controller::{Context, WriteMemo};
+use crate::gate::{self, GateMetrics};
+use crate::index::OwnerIndex;
+use crate::leader::{Elector, LeaseTimings};
+use crate::telemetry::{self, Metrics, Readiness};
+
+/// How often the leader checks Flux consumers for the ExternalArtifact gate.
+const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
+
+/// Everything `run` sets up that the webhook needs too.
+pub struct Shared {
+    pub client: Client,
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub registry: Arc<Mutex<Registry>>,
+    pub readiness: Arc<Readiness>,
+    pub shutdown: CancellationToken,
+}
+
+/// Runs openflux until SIGTERM/SIGINT, or until leadership is lost.
+/// `extra` starts further services (the webhook) beside the controllers; one
+/// that fails stops the process with its error instead of leaving it half up.
+pub async fn run<F, Fut>(args: RunArgs, client: Client, extra: F) -> anyhow::Result<()>
+where
+    F: FnOnce(&Shared) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let gate_metrics = GateMetrics::register(&mut registry);
+    let shared = Shared {
+        client: client.clone(),
+        index: Arc::new(RwLock::new(OwnerIndex::new())),
+        registry: Arc::new(Mutex::new(registry)),
+        readiness: Arc::new(Readiness::default()),
+        shutdown: CancellationToken::new(),
+    };
+    let shutdown = shared.shutdown.clone();
+    spawn_signal_handler(shutdown.clone());
+    let extra = extra(&shared);
+    let failed = shutdown.clone();
+    let extra = tokio::spawn(async move {
+        let result = extra.await;
+        if result.is_err() {
+            failed.cancel();
+        }
+        result
+    });
+
+    let artifacts = Writer::<Artifact>::default();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        artifacts: artifacts.as_reader(),
+        index: shared.index.clone(),
+        metrics: metrics.clone(),
+        memo: WriteMemo::default(),
+    });
+    let hub = Hub::new(shared.index.clone(), metrics.clone());
+    let scope = args.scope();
+    let watch = Watch {
+        api: scope.api::<Artifact>(&client),
+        config: watcher::Config::default().any_semantic(),
+        slim: without_managed_fields,
+        what: "Artifacts".to_string(),
+        hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
+    };
+    let artifact_hub = hub.clone();
+    let watch = tokio::spawn(watch.run(
+        artifacts,
+        shared.readiness.watch_started(),
+        move |change| artifact_hub.take(Event::Artifact(change)),
+        shutdown.clone(),
+    ));
+    let health = tokio::spawn(telemetry::serve(
+        args.metrics_addr,
+        args.health_addr,
+        shared.registry.clone(),
+        shared.readiness.clone(),
+        shutdown.clone(),
+    ));
+
+    let elector = args.enable_leader_election.then(|| {
+        Elector::new(
+            Api::<Lease>::namespaced(client.clone(), &args.namespace),
+            &args.leader_election_id,
+            &identity(),
+            LeaseTimings::default(),
+        )
+    });
+    if let Some(elector) = &elector {
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+    let mut lost_leadership = false;
+    if !shutdown.is_cancelled() {
+        metrics.leader.set(1);
+        tokio::spawn(gate::run(
+            client.clone(),
+            scope.0.clone(),
+            gate_metrics,
+            GATE_CHECK_PERIOD,
+            shutdown.clone(),
+        ));
+        let controllers = Controllers::new(
+            ctx,
+            hub,
+            scope,
+            args.concurrent,
+            shared.readiness.clone(),
+            shutdown.clone(),
+        );
+        let controllers = tokio::spawn(controllers.run());
+        match &elector {
+            Some(elector) => tokio::select! {
+                _ = elector.hold() => {
+                    lost_leadership = true;
+                    shutdown.cancel();
+                }
+                _ = shutdown.cancelled() => {}
+            },
+            None => shutdown.cancelled().await,
+        }
+        if let Err(e) = controllers.await {
+            tracing::error!(error = %e, "controllers ended abnormally");
+        }
+    }
+    if let (Some(elector), false) = (&elector, lost_leadership) {
+        elector.release().await;
+    }
+    let _ = watch.await;
+    if let Ok(Err(e)) = health.await {
+        tracing::error!(error = %e, "health endpoints failed");
+    }
+    match extra.await {
+        Ok(Err(e)) => return Err(e),
+        Err(e) => tracing::error!(error = %e, "service ended abnormally"),
+        Ok(Ok(())) => {}
+    }
+    if lost_leadership {
+        anyhow::bail!(
+            "lost the leader election Lease; exiting so a fresh start rejoins the election"
+        );
+    }
+    tracing::info!("openflux stopped");
+    Ok(())
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received; stopping");
+        shutdown.cancel();
+    });
+}
+
+/// This replica's identity in the leader election.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "openflux".to_string());
+    format!("{host}_{}", std::process::id())
+}

@@ -1,0 +1,231 @@
+//! The router as a table: one row an event, with the index change and the
+//! wakes it must produce.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::json;
+
+use super::*;
+use crate::api::{ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
+
+const HTTP: &str = "sources.openflux.dev/v1alpha1";
+const FLUX: &str = "source.toolkit.fluxcd.io/v1";
+const GIT: &StockSource = &StockSource::GIT_REPOSITORY;
+const EA: &StockSource = &StockSource::EXTERNAL_ARTIFACT;
+
+fn artifact(name: &str, owner: Option<(&str, &str, &str)>) -> Artifact {
+    let mut a = Artifact::new(
+        name,
+        ArtifactSpec {
+            url: "http://storage/a.tar.gz".into(),
+            revision: "r1".into(),
+            ..Default::default()
+        },
+    );
+    a.metadata.namespace = Some("apps".into());
+    a.metadata.uid = Some(format!("uid-{name}"));
+    a.metadata.owner_references = owner.map(|(api_version, kind, oname)| {
+        vec![OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: oname.into(),
+            uid: format!("uid-{kind}-{oname}"),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]
+    });
+    a
+}
+
+fn source(kind: &str, name: &str, ours: bool) -> DynamicObject {
+    let labels = if ours {
+        json!({ MANAGED_BY_LABEL: MANAGED_BY })
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": FLUX, "kind": kind,
+        "metadata": {"name": name, "namespace": "apps", "labels": labels},
+    }))
+    .unwrap()
+}
+
+fn exported(name: &str, owners: &[(&str, &str, &str)]) -> DynamicObject {
+    let refs: Vec<_> = owners
+        .iter()
+        .map(|(api_version, kind, owner)| {
+            json!({"apiVersion": api_version, "kind": kind, "name": owner, "uid": "u", "controller": true})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": FLUX, "kind": "ExternalArtifact",
+        "metadata": {"name": name, "namespace": "apps", "ownerReferences": refs},
+    }))
+    .unwrap()
+}
+
+/// The cluster every row starts from: a source with one Artifact, a source
+/// with two, a mirrored GitRepository and a standalone Artifact.
+fn index() -> OwnerIndex {
+    let mut index = OwnerIndex::new();
+    index.reset(
+        [
+            artifact("web-latest", Some((HTTP, "HttpSource", "web"))),
+            artifact("m1", Some((HTTP, "HttpSource", "multi"))),
+            artifact("m2", Some((HTTP, "HttpSource", "multi"))),
+            artifact(
+                "gitrepository-podinfo",
+                Some((FLUX, "GitRepository", "podinfo")),
+            ),
+            artifact("loose", None),
+        ]
+        .iter()
+        .filter_map(IndexedArtifact::from_artifact),
+    );
+    index
+}
+
+/// The routed result in words: the index change, and the sorted wakes.
+fn describe(routed: &Routed) -> (String, Vec<String>) {
+    let keys = |entries: &[IndexedArtifact]| {
+        let keys: Vec<String> = entries.iter().map(|e| e.key.to_string()).collect();
+        keys.join(",")
+    };
+    let index = match &routed.index {
+        None => "-".to_string(),
+        Some(IndexChange::Apply(entry)) => format!("apply {}", entry.key),
+        Some(IndexChange::Delete(key)) => format!("delete {key}"),
+        Some(IndexChange::Reset(entries)) => format!("reset {}", keys(entries)),
+    };
+    let wake = routed
+        .wake
+        .iter()
+        .map(|w| match w {
+            Wake::Export(key) => format!("export {key}"),
+            Wake::Mirror {
+                source,
+                namespace,
+                name,
+            } => format!("mirror {source} {namespace}/{name}"),
+        })
+        .collect();
+    (index, wake)
+}
+
+#[test]
+fn routes_every_kind_of_event() {
+    let web = artifact("web-latest", Some((HTTP, "HttpSource", "web")));
+    let m1 = artifact("m1", Some((HTTP, "HttpSource", "multi")));
+    let m3 = artifact("m3", Some((HTTP, "HttpSource", "multi")));
+    let git = artifact(
+        "gitrepository-podinfo",
+        Some((FLUX, "GitRepository", "podinfo")),
+    );
+    let ea_owned = artifact(
+        "externalartifact-foreign",
+        Some((FLUX, "ExternalArtifact", "foreign")),
+    );
+    let lookalike = artifact(
+        "gitrepository-x",
+        Some(("example.com/v1", "GitRepository", "x")),
+    );
+    let loose = artifact("loose", None);
+    let mut no_namespace = artifact("nowhere", None);
+    no_namespace.metadata.namespace = None;
+    let listed: Vec<Arc<Artifact>> = [&web, &m1, &git, &loose]
+        .into_iter()
+        .map(|a| Arc::new(a.clone()))
+        .collect();
+
+    let siblings = vec![
+        Arc::new(m1.clone()),
+        Arc::new(artifact("m2", Some((HTTP, "HttpSource", "multi")))),
+    ];
+    let podinfo = source("GitRepository", "podinfo", false);
+    let labelled_git = source("GitRepository", "labelled", true);
+    let sources = vec![
+        Arc::new(source("GitRepository", "a", false)),
+        Arc::new(source("GitRepository", "b", false)),
+    ];
+    let own_export = source("ExternalArtifact", "httpsource-web", true);
+    let foreign_ea = source("ExternalArtifact", "foreign", false);
+    let external_artifacts = vec![Arc::new(own_export.clone()), Arc::new(foreign_ea.clone())];
+
+    let export_web = exported("httpsource-web", &[(API_VERSION, KIND, "web-latest")]);
+    let export_foreign = exported(
+        "x",
+        &[
+            ("other.example.com/v1", KIND, "a"),
+            (API_VERSION, "Bucket", "b"),
+        ],
+    );
+    let export_shared = exported(
+        "shared",
+        &[(API_VERSION, KIND, "m1"), (API_VERSION, KIND, "m2")],
+    );
+    let exports = vec![
+        Arc::new(export_web.clone()),
+        Arc::new(exported("artifact-m1", &[(API_VERSION, KIND, "m1")])),
+    ];
+
+    use Change::{Applied, Deleted, Relisted};
+    // (what happens, the event, the index change, the wakes, sorted)
+    #[rustfmt::skip]
+    let rows: Vec<(&str, Event<'_>, &str, &str)> = vec![
+        // Artifacts of custom sources: the export controller.
+        ("custom Artifact, the only one of its source", Event::Artifact(Applied(&web)), "apply apps/web-latest", "export apps/web-latest"),
+        ("custom Artifact with a sibling: both exports are named anew", Event::Artifact(Applied(&m1)), "apply apps/m1", "export apps/m1, export apps/m2"),
+        ("a third Artifact of a source", Event::Artifact(Applied(&m3)), "apply apps/m3", "export apps/m1, export apps/m2, export apps/m3"),
+        ("custom Artifact deleted: its export goes with it, the sibling is renamed", Event::Artifact(Deleted(&m1)), "delete apps/m1", "export apps/m2"),
+        ("custom Artifact deleted, no sibling", Event::Artifact(Deleted(&web)), "delete apps/web-latest", ""),
+        ("standalone Artifact", Event::Artifact(Applied(&loose)), "apply apps/loose", "export apps/loose"),
+        ("standalone Artifact deleted", Event::Artifact(Deleted(&loose)), "delete apps/loose", ""),
+        ("a stock kind's name in another API group is a custom source", Event::Artifact(Applied(&lookalike)), "apply apps/gitrepository-x", "export apps/gitrepository-x"),
+        // Artifacts of stock sources: the mirror that keeps them.
+        ("mirrored Artifact changed (by someone else)", Event::Artifact(Applied(&git)), "apply apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
+        ("mirrored Artifact deleted: the mirror writes it again", Event::Artifact(Deleted(&git)), "delete apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
+        ("Artifact of a foreign ExternalArtifact", Event::Artifact(Applied(&ea_owned)), "apply apps/externalartifact-foreign", "mirror ExternalArtifact apps/foreign"),
+        ("an Artifact without namespace is not indexed", Event::Artifact(Applied(&no_namespace)), "-", ""),
+        // The Artifact watch (re)started: the index is replaced.
+        ("relist after a restart", Event::Artifact(Relisted(&listed)), "reset apps/web-latest,apps/m1,apps/gitrepository-podinfo,apps/loose", "export apps/loose, export apps/m1, export apps/web-latest, mirror GitRepository apps/podinfo"),
+        ("relist of both Artifacts of a source", Event::Artifact(Relisted(&siblings)), "reset apps/m1,apps/m2", "export apps/m1, export apps/m2"),
+        ("relist of nothing", Event::Artifact(Relisted(&[])), "reset ", ""),
+        // Stock sources: their mirror.
+        ("stock source changed", Event::Source(GIT, Applied(&podinfo)), "-", "mirror GitRepository apps/podinfo"),
+        ("stock source deleted: garbage collection takes its Artifact", Event::Source(GIT, Deleted(&podinfo)), "-", ""),
+        ("stock sources listed", Event::Source(GIT, Relisted(&sources)), "-", "mirror GitRepository apps/a, mirror GitRepository apps/b"),
+        ("the managed-by label alone does not stop mirroring", Event::Source(GIT, Applied(&labelled_git)), "-", "mirror GitRepository apps/labelled"),
+        ("own exports are never mirrored", Event::Source(EA, Applied(&own_export)), "-", ""),
+        ("foreign ExternalArtifacts are", Event::Source(EA, Applied(&foreign_ea)), "-", "mirror ExternalArtifact apps/foreign"),
+        ("own exports are left out of a relist too", Event::Source(EA, Relisted(&external_artifacts)), "-", "mirror ExternalArtifact apps/foreign"),
+        // Exported objects: the export controller, for their Artifact.
+        ("exported object changed (drift)", Event::Exported(Applied(&export_web)), "-", "export apps/web-latest"),
+        ("exported object deleted", Event::Exported(Deleted(&export_web)), "-", "export apps/web-latest"),
+        ("owners that are not Artifacts of openflux.dev", Event::Exported(Applied(&export_foreign)), "-", ""),
+        ("an object two Artifacts own wakes both", Event::Exported(Applied(&export_shared)), "-", "export apps/m1, export apps/m2"),
+        ("exported objects listed", Event::Exported(Relisted(&exports)), "-", "export apps/m1, export apps/web-latest"),
+    ];
+    assert!(rows.len() >= 25, "{} rows", rows.len());
+    let index = index();
+    for (name, event, want_index, want_wake) in rows {
+        let (index_change, wake) = describe(&route(&event, &index));
+        assert_eq!(index_change, want_index, "{name}: index change");
+        assert_eq!(wake.join(", "), want_wake, "{name}: wakes");
+    }
+}
+
+#[test]
+fn routing_applied_changes_keeps_the_index_in_step() {
+    let mut index = index();
+    let m3 = artifact("m3", Some((HTTP, "HttpSource", "multi")));
+    let routed = route(&Event::Artifact(Change::Applied(&m3)), &index);
+    index.change(routed.index.unwrap());
+    assert_eq!(index.len(), 6);
+    let routed = route(&Event::Artifact(Change::Deleted(&m3)), &index);
+    assert_eq!(describe(&routed).1, ["export apps/m1", "export apps/m2"]);
+    index.change(routed.index.unwrap());
+    assert_eq!(index.len(), 5);
+    assert!(index.artifact("apps", "m3").is_none());
+    let routed = route(&Event::Artifact(Change::Relisted(&[])), &index);
+    index.change(routed.index.unwrap());
+    assert!(index.is_empty() && index.is_synced());
+}

@@ -1,0 +1,197 @@
+//! The one watcher loop every watched kind runs (Artifacts, each stock source
+//! kind, the objects openflux exported), and the [`Hub`] that routes what it
+//! sees: the router decides, the hub changes the owner index and hands the
+//! wakes to whoever listens (the leader's controllers).
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, RwLock};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::router::{route, Change, Event, Wake};
+use crate::index::OwnerIndex;
+use crate::locks;
+use crate::telemetry::{Metrics, SyncGuard};
+
+/// Batches of wakes the hub holds for a listener that fell behind; past
+/// that the listener is told it lagged and looks at everything again.
+pub const WAKE_BACKLOG: usize = 1024;
+
+/// The namespaces openflux watches: all, or one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope(pub Option<String>);
+
+impl Scope {
+    /// An API for `K` in this scope.
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.0 {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+
+    /// An API for the objects of `resource` in this scope.
+    pub fn dynamic_api(&self, client: &Client, resource: &ApiResource) -> Api<DynamicObject> {
+        match &self.0 {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        }
+    }
+}
+
+/// One watch: what to watch, and how.
+pub struct Watch<K: Resource> {
+    pub api: Api<K>,
+    pub config: watcher::Config,
+    /// Drops what openflux never reads before an object is stored.
+    pub slim: fn(&mut K),
+    /// What is watched, for people reading the logs.
+    pub what: String,
+    /// What to check when the watch fails, for people reading the logs.
+    pub hint: &'static str,
+}
+
+impl<K> Watch<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    /// Runs until `shutdown`: keeps `writer`'s store, marks `synced` once
+    /// the first complete list is in, and hands each change to `sink`. A
+    /// failing watch is retried with backoff; the first failure of a streak
+    /// is a warning.
+    pub async fn run(
+        self,
+        mut writer: Writer<K>,
+        mut synced: SyncGuard,
+        mut sink: impl FnMut(Change<'_, K>),
+        shutdown: CancellationToken,
+    ) {
+        let Watch {
+            api,
+            config,
+            slim,
+            what,
+            hint,
+        } = self;
+        let reader = writer.as_reader();
+        let mut events = watcher(api, config).default_backoff().modify(slim).boxed();
+        let mut failing = false;
+        loop {
+            let event = tokio::select! {
+                e = events.try_next() => e,
+                _ = shutdown.cancelled() => return,
+            };
+            let event = match event {
+                Ok(Some(event)) => event,
+                Ok(None) => return,
+                Err(error) => {
+                    if failing {
+                        tracing::debug!(watch = %what, %error, "watch still failing");
+                    } else {
+                        tracing::warn!(watch = %what, %error, hint, "watch failed; retrying");
+                        failing = true;
+                    }
+                    continue;
+                }
+            };
+            failing = false;
+            writer.apply_watcher_event(&event);
+            match &event {
+                watcher::Event::Apply(object) => sink(Change::Applied(object)),
+                watcher::Event::Delete(object) => sink(Change::Deleted(object)),
+                watcher::Event::InitDone => {
+                    tracing::debug!(watch = %what, "watch synced");
+                    synced.synced();
+                    sink(Change::Relisted(&reader.state()));
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+        }
+    }
+}
+
+/// Drops the managed fields, which openflux never reads.
+pub fn without_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// Where every watch's changes go: through the router, into the owner index
+/// and out to the listeners of wakes.
+#[derive(Clone)]
+pub struct Hub {
+    index: Arc<RwLock<OwnerIndex>>,
+    metrics: Metrics,
+    wakes: broadcast::Sender<Arc<[Wake]>>,
+}
+
+impl Hub {
+    pub fn new(index: Arc<RwLock<OwnerIndex>>, metrics: Metrics) -> Self {
+        let (wakes, _) = broadcast::channel(WAKE_BACKLOG);
+        Self {
+            index,
+            metrics,
+            wakes,
+        }
+    }
+
+    /// Routes one event and applies what the router decided.
+    pub fn take(&self, event: Event<'_>) {
+        let routed = route(&event, &locks::read(&self.index));
+        if let Some(change) = routed.index {
+            // The watch of Artifacts is the index's only writer, so nothing
+            // changed it since the router read it.
+            let mut index = locks::write(&self.index);
+            index.change(change);
+            self.metrics.indexed_artifacts.set(index.len() as i64);
+        }
+        if !routed.wake.is_empty() {
+            // Without listeners (on a replica that is not the leader) the
+            // wakes are dropped: the leader looks at everything when it starts.
+            let _ = self.wakes.send(routed.wake.into_iter().collect());
+        }
+    }
+
+    /// Listens to the wakes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<[Wake]>> {
+        self.wakes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Artifact, ArtifactSpec};
+
+    #[test]
+    fn the_hub_changes_the_index_and_hands_out_wakes() {
+        let index = Arc::new(RwLock::new(OwnerIndex::new()));
+        let mut registry = prometheus_client::registry::Registry::default();
+        let hub = Hub::new(index.clone(), Metrics::register(&mut registry));
+        let mut artifact = Artifact::new("a", ArtifactSpec::default());
+        artifact.metadata.namespace = Some("apps".into());
+        // Nobody listens: the index still changes.
+        hub.take(Event::Artifact(Change::Applied(&artifact)));
+        assert_eq!(locks::read(&index).len(), 1);
+        let mut wakes = hub.subscribe();
+        hub.take(Event::Artifact(Change::Deleted(&artifact)));
+        hub.take(Event::Artifact(Change::Relisted(&[Arc::new(artifact)])));
+        assert!(locks::read(&index).is_synced());
+        assert!(wakes.try_recv().is_ok_and(|w| w.len() == 1), "the relist");
+        assert!(
+            wakes.try_recv().is_err(),
+            "a delete of a standalone Artifact wakes nobody"
+        );
+    }
+}
