@@ -6,6 +6,7 @@
 pub use openflux_api as api;
 pub mod certs;
 pub mod controller;
+pub mod evidence;
 pub mod export;
 pub mod gate;
 pub mod identity;

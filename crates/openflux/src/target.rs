@@ -208,9 +208,11 @@ pub fn choose(
         let reason = match consumer.gate {
             Gate::NotGated => format!("{kind} accepts ExternalArtifact without a feature gate"),
             Gate::On => format!("the ExternalArtifact feature gate of {kind}'s controller is on"),
-            Gate::Off => return Err(format!(
+            Gate::Off => {
+                return Err(format!(
                 "the ExternalArtifact feature gate of {kind}'s controller is off (Flux's default)"
-            )),
+            ))
+            }
             Gate::Unknown => {
                 return Err(format!(
                     "the ExternalArtifact feature gate of {kind}'s controller cannot be seen"
