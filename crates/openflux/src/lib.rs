@@ -18,4 +18,5 @@ pub mod run;
 pub mod shadow;
 pub mod target;
 pub mod telemetry;
+pub mod trust;
 pub mod webhook;
