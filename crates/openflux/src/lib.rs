@@ -6,13 +6,18 @@
 pub use openflux_api as api;
 pub mod certs;
 pub mod controller;
+pub mod evidence;
 pub mod export;
 pub mod gate;
+pub mod identity;
 pub mod index;
 pub mod leader;
 pub mod locks;
 pub mod mirror;
 pub mod naming;
 pub mod runtime;
+pub mod shadow;
+pub mod target;
 pub mod telemetry;
+pub mod trust;
 pub mod webhook;

@@ -33,6 +33,12 @@ pub fn export_name_for_artifact(artifact_name: &str) -> String {
     joined("artifact", artifact_name, MAX_NAME)
 }
 
+/// `value` as an object name: itself when it fits, otherwise cut and given a
+/// hash suffix of the whole.
+pub fn bounded_name(value: &str) -> String {
+    bounded(value, MAX_NAME)
+}
+
 /// A label value for `value`, cut with a hash suffix when it is too long.
 pub fn label_value(value: &str) -> String {
     bounded(value, MAX_LABEL_VALUE)

@@ -1,0 +1,186 @@
+//! Who may speak for a source: the rule an Artifact must pass before any
+//! consumer is pointed at it (docs/security.md).
+//!
+//! An Artifact names its source in a controller ownerReference. Anyone
+//! allowed to create Artifacts in a namespace could write such a reference,
+//! so openflux trusts an Artifact for its owner only when
+//!
+//! 1. the ownerReference's UID is the live source's (Kubernetes' garbage
+//!    collector deletes an Artifact whose owner UID does not exist, and the
+//!    index matches the UID of every reference), and
+//! 2. the identity that last wrote the Artifact's spec may update the
+//!    source's status, the right a source's own controller has: openflux's
+//!    admission webhook records that identity ([`WRITER_ANNOTATION`], always
+//!    overwritten from the request's userInfo, never taken from the object),
+//!    and the export controller asks the API server with a
+//!    SubjectAccessReview ([`access_review`]) before exporting.
+//!
+//! Mirrored Artifacts are written by openflux itself for stock sources and
+//! need no review. Everything here is pure.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Annotation holding the identity that last wrote an Artifact's spec.
+pub const WRITER_ANNOTATION: &str = "openflux.dev/written-by";
+
+/// The identity of a writer, as the API server authenticated it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Writer {
+    pub username: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+impl Writer {
+    /// Reads `request.userInfo` of an AdmissionReview.
+    pub fn from_user_info(user_info: &Value) -> Option<Self> {
+        let username = user_info.get("username")?.as_str()?.to_string();
+        let uid = user_info
+            .get("uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let groups = user_info
+            .get("groups")
+            .and_then(Value::as_array)
+            .map(|g| {
+                g.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Self {
+            username,
+            uid,
+            groups,
+        })
+    }
+
+    /// The annotation value (compact JSON, fields in a fixed order).
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads the annotation value; `None` when absent or malformed (then the
+    /// Artifact is not trusted).
+    pub fn from_annotation(value: &str) -> Option<Self> {
+        serde_json::from_str::<Self>(value)
+            .ok()
+            .filter(|w| !w.username.is_empty())
+    }
+}
+
+/// The source an Artifact claims, as the review needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim<'a> {
+    pub group: &'a str,
+    /// Plural resource name of the source's kind (from discovery).
+    pub resource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+/// The SubjectAccessReview asking whether `writer` may update the status of
+/// the claimed source.
+pub fn access_review(writer: &Writer, claim: &Claim<'_>) -> Value {
+    let mut spec = json!({
+        "user": writer.username,
+        "groups": writer.groups,
+        "resourceAttributes": {
+            "group": claim.group,
+            "resource": claim.resource,
+            "subresource": "status",
+            "verb": "update",
+            "namespace": claim.namespace,
+            "name": claim.name,
+        },
+    });
+    if !writer.uid.is_empty() {
+        spec["uid"] = json!(writer.uid);
+    }
+    json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": spec,
+    })
+}
+
+/// The verdict on one Artifact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Trusted,
+    /// Not exported; the message says why and what to do.
+    Untrusted(String),
+}
+
+/// Reads the answer of a SubjectAccessReview.
+pub fn verdict(writer: &Writer, claim: &Claim<'_>, review_status: &Value) -> Verdict {
+    if review_status.get("allowed").and_then(Value::as_bool) == Some(true) {
+        return Verdict::Trusted;
+    }
+    Verdict::Untrusted(format!(
+        "{} wrote this Artifact but may not update the status of {}/{} {}.{}; only an identity allowed to update the source's status (its controller) may publish Artifacts for it",
+        writer.username, claim.namespace, claim.name, claim.resource, claim.group
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_round_trip_through_the_annotation() {
+        let info = json!({"username": "system:serviceaccount:src:ctl", "uid": "u1",
+            "groups": ["system:serviceaccounts", "system:authenticated"]});
+        let writer = Writer::from_user_info(&info).unwrap();
+        let text = writer.to_annotation();
+        assert_eq!(Writer::from_annotation(&text), Some(writer));
+        assert_eq!(Writer::from_annotation("not json"), None);
+        assert_eq!(Writer::from_annotation(r#"{"username":""}"#), None);
+        assert_eq!(Writer::from_user_info(&json!({"groups": []})), None);
+    }
+
+    #[test]
+    fn the_review_asks_for_the_status_of_the_claimed_source() {
+        let writer = Writer {
+            username: "alice".into(),
+            uid: String::new(),
+            groups: vec!["devs".into()],
+        };
+        let claim = Claim {
+            group: "sources.openflux.dev",
+            resource: "httpsources",
+            namespace: "apps",
+            name: "web",
+        };
+        let review = access_review(&writer, &claim);
+        let attrs = &review["spec"]["resourceAttributes"];
+        assert_eq!(attrs["subresource"], "status");
+        assert_eq!(attrs["verb"], "update");
+        assert_eq!(attrs["resource"], "httpsources");
+        assert_eq!(attrs["namespace"], "apps");
+        assert_eq!(review["spec"]["user"], "alice");
+        assert_eq!(review["spec"]["groups"], json!(["devs"]));
+        assert!(review["spec"].get("uid").is_none());
+        assert_eq!(
+            verdict(&writer, &claim, &json!({"allowed": true})),
+            Verdict::Trusted
+        );
+        let Verdict::Untrusted(message) = verdict(&writer, &claim, &json!({"allowed": false}))
+        else {
+            panic!("denied must not be trusted");
+        };
+        assert!(
+            message.contains("alice") && message.contains("apps/web"),
+            "{message}"
+        );
+        assert!(matches!(
+            verdict(&writer, &claim, &json!({})),
+            Verdict::Untrusted(_)
+        ));
+    }
+}
