@@ -1,0 +1,1 @@
+//! Flux runtime conventions (feature `runtime`).
