@@ -130,6 +130,42 @@ struct ConditionType {
     status: &'static str,
 }
 
+/// Names (counters without their `_total`) and help texts, as Flux's.
+const NAMES: [(&str, &str); 8] = [
+    (
+        "controller_runtime_reconcile",
+        "Total number of reconciliations per controller",
+    ),
+    (
+        "controller_runtime_reconcile_errors",
+        "Total number of reconciliation errors per controller",
+    ),
+    (
+        "controller_runtime_reconcile_time_seconds",
+        "Length of time per reconciliation per controller",
+    ),
+    (
+        "controller_runtime_max_concurrent_reconciles",
+        "Maximum number of concurrent reconciles per controller",
+    ),
+    (
+        "controller_runtime_active_workers",
+        "Number of currently used workers per controller",
+    ),
+    (
+        "gotk_reconcile_duration_seconds",
+        "The duration in seconds of a GitOps Toolkit resource reconciliation.",
+    ),
+    (
+        "gotk_suspend_status",
+        "The current suspend status of a GitOps Toolkit resource.",
+    ),
+    (
+        "gotk_reconcile_condition",
+        "The current condition status of a GitOps Toolkit resource reconciliation.",
+    ),
+];
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn reconcile_time() -> Histogram {
@@ -171,46 +207,15 @@ impl Metrics {
             suspend: Family::default(),
             condition: Family::default(),
         };
-        registry.register(
-            "controller_runtime_reconcile",
-            "Total number of reconciliations per controller",
-            inner.reconcile_total.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller",
-            inner.reconcile_errors.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
-            inner.reconcile_time.clone(),
-        );
-        registry.register(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            inner.max_concurrent.clone(),
-        );
-        registry.register(
-            "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
-            inner.active_workers.clone(),
-        );
-        registry.register(
-            "gotk_reconcile_duration_seconds",
-            "The duration in seconds of a GitOps Toolkit resource reconciliation.",
-            inner.duration.clone(),
-        );
-        registry.register(
-            "gotk_suspend_status",
-            "The current suspend status of a GitOps Toolkit resource.",
-            inner.suspend.clone(),
-        );
-        registry.register(
-            "gotk_reconcile_condition",
-            "The current condition status of a GitOps Toolkit resource reconciliation.",
-            inner.condition.clone(),
-        );
+        let [total, errors, time, max, active, duration, suspend, condition] = NAMES;
+        registry.register(total.0, total.1, inner.reconcile_total.clone());
+        registry.register(errors.0, errors.1, inner.reconcile_errors.clone());
+        registry.register(time.0, time.1, inner.reconcile_time.clone());
+        registry.register(max.0, max.1, inner.max_concurrent.clone());
+        registry.register(active.0, active.1, inner.active_workers.clone());
+        registry.register(duration.0, duration.1, inner.duration.clone());
+        registry.register(suspend.0, suspend.1, inner.suspend.clone());
+        registry.register(condition.0, condition.1, inner.condition.clone());
         Metrics(Arc::new(inner))
     }
 
