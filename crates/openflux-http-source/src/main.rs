@@ -1,36 +1,45 @@
 //! openflux-http-source: the HttpSource controller shipped with openflux.
 //!
 //! It is written the way any third-party source is: it uses nothing of
-//! openflux but the public Artifact API (the `openflux-api` crate). It fetches URLs
-//! on an interval, stores normalized artifacts, serves them over HTTP and
-//! publishes each as an `Artifact` owned by its HttpSource.
+//! openflux but `openflux-api`, the Artifact API with its producer kit
+//! (packing, storage, publishing) and its runtime kit (Flux's flags, logs,
+//! metrics, events and leader election). It fetches URLs on an interval,
+//! stores normalized artifacts, serves them over HTTP and publishes each as
+//! an `Artifact` owned by its HttpSource.
 
 mod api;
 mod archive;
+mod artifact;
 mod controller;
-mod duration;
 mod fetch;
 mod metrics;
+mod plan;
+mod reconcile;
 mod schedule;
 mod status;
-mod storage;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::Reporter;
 use kube::CustomResourceExt;
+use openflux_api::producer::archive::IgnoreRules;
+use openflux_api::producer::storage::{Retention, Storage};
+use openflux_api::runtime::events::{Notifier, RetryPolicy};
+use openflux_api::runtime::flags::{parse_duration, ListenAddr, RuntimeArgs};
+use openflux_api::runtime::health::serve;
+use openflux_api::runtime::leader::{lease_name, Elector};
+use openflux_api::runtime::{logging, metrics as flux_metrics};
+use openflux_api::runtime::{ControllerId, EventRecorder, Health, Metrics};
+use prometheus_client::registry::Registry;
 use tracing::info;
-use tracing_subscriber::EnvFilter;
 
-use crate::controller::Context;
-use crate::metrics::{Health, Metrics};
-use crate::storage::{Retention, Storage};
+use crate::controller::{Context, Parts, Watch, FIELD_MANAGER};
+use crate::metrics::SourceMetrics;
 
 /// The HttpSource controller: fetches tar.gz archives or YAML files over
 /// HTTP(S) and publishes them as openflux Artifacts.
@@ -73,40 +82,22 @@ struct RunArgs {
     /// in-cluster configuration are used, in that order.
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
-    /// Number of HttpSources reconciled at the same time.
-    #[arg(long, default_value_t = 4)]
-    concurrent: u16,
-    /// Address of the Prometheus metrics endpoint (`/metrics`).
-    #[arg(long, default_value = ":8080")]
-    metrics_addr: String,
-    /// Address of the health endpoints (`/healthz`, `/readyz`).
-    #[arg(long, default_value = ":9440")]
-    health_addr: String,
-    /// Log level: trace, debug, info, warn or error.
-    #[arg(long, default_value = "info")]
-    log_level: String,
-    /// Log JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
-    /// Watch HttpSources in all namespaces; when false, only in --namespace.
-    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    watch_all_namespaces: bool,
-    /// The namespace watched when --watch-all-namespaces=false.
-    #[arg(long, env = "RUNTIME_NAMESPACE")]
-    namespace: Option<String>,
+    /// Flux's controller flags.
+    #[command(flatten)]
+    runtime: RuntimeArgs,
     /// Directory artifacts are stored in.
     #[arg(long, default_value = "/data")]
     storage_path: PathBuf,
     /// Address the artifact server listens on.
     #[arg(long, default_value = ":9090")]
-    storage_addr: String,
+    storage_addr: ListenAddr,
     /// `host[:port]` advertised in artifact URLs (default: this host's name
     /// and the port of --storage-addr).
     #[arg(long, default_value = "")]
     storage_adv_addr: String,
     /// How long superseded artifacts stay downloadable (Go duration).
-    #[arg(long, default_value = "60s")]
-    artifact_retention_ttl: String,
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    artifact_retention_ttl: Duration,
     /// Artifacts kept per source, the current one included.
     #[arg(long, default_value_t = 2)]
     artifact_retention_records: usize,
@@ -120,20 +111,9 @@ pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
     serde_yaml_ng::to_string(&api::HttpSource::crd())
 }
 
-/// Parses a listen address; `:port` means all interfaces, as in Go.
-fn listen_addr(addr: &str) -> anyhow::Result<SocketAddr> {
-    let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
-    } else {
-        addr.to_string()
-    };
-    full.parse()
-        .with_context(|| format!("invalid listen address {addr:?}"))
-}
-
 /// The advertised storage address, Flux's way: the flag when set, else
 /// this host's name with the listen port.
-fn advertised_addr(flag: &str, listen: &SocketAddr) -> String {
+fn advertised_addr(flag: &str, listen_port: u16) -> String {
     if !flag.is_empty() {
         return flag.to_string();
     }
@@ -141,7 +121,7 @@ fn advertised_addr(flag: &str, listen: &SocketAddr) -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_string());
-    format!("{host}:{}", listen.port())
+    format!("{host}:{listen_port}")
 }
 
 #[tokio::main]
@@ -164,45 +144,13 @@ async fn main() -> anyhow::Result<()> {
                 .and_then(|u| reqwest::Url::parse(u).ok())
                 .map(|u| u.path().to_string())
                 .unwrap_or_else(|| file.to_string_lossy().into_owned());
-            let rules =
-                archive::IgnoreRules::parse(ignore.as_deref()).map_err(anyhow::Error::msg)?;
+            let rules = IgnoreRules::parse(ignore.as_deref()).map_err(anyhow::Error::msg)?;
             let packed = archive::build(&bytes, &url_path, &rules, max_artifact_size)?;
             println!("{}", packed.digest);
             Ok(())
         }
         None => run(cli.run).await,
     }
-}
-
-fn init_logging(args: &RunArgs) -> anyhow::Result<()> {
-    let level = args.log_level.to_ascii_lowercase();
-    if !["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) {
-        anyhow::bail!("invalid --log-level {level:?}: use trace, debug, info, warn or error");
-    }
-    // The HTTP and TLS plumbing stays at info when the controller is more verbose.
-    let quiet = [
-        "hyper_util",
-        "h2",
-        "tower",
-        "rustls",
-        "globset",
-        "kube_client",
-    ]
-    .map(|c| format!(",{c}=info"))
-    .concat();
-    let directives = if matches!(level.as_str(), "trace" | "debug") {
-        format!("{level}{quiet}")
-    } else {
-        level
-    };
-    let filter = EnvFilter::try_new(&directives).context("building the log filter")?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if args.log_json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-    Ok(())
 }
 
 async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
@@ -217,46 +165,22 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Clien
     Ok(kube::Client::try_from(config)?)
 }
 
-async fn serve(name: &'static str, addr: SocketAddr, router: axum::Router) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the {name} server to {addr}"))?;
-    info!(%addr, "{name} server listening");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(error = %e, "{name} server stopped");
-        }
-    });
-    Ok(())
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    init_logging(&args)?;
+    let flux = &args.runtime;
+    logging::init(&flux.log)?;
     // reqwest and kube share the process-wide rustls provider: ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let namespace = if args.watch_all_namespaces {
-        None
-    } else {
-        Some(
-            args.namespace
-                .clone()
-                .context("--watch-all-namespaces=false needs --namespace (or RUNTIME_NAMESPACE)")?,
-        )
-    };
-    let ttl = duration::parse(&args.artifact_retention_ttl).context("--artifact-retention-ttl")?;
+    let namespace = flux.watch.watched_namespace()?.map(str::to_string);
     let retention = Retention {
-        ttl,
+        ttl: args.artifact_retention_ttl,
         records: args.artifact_retention_records.max(1),
     };
-    let storage_addr = listen_addr(&args.storage_addr)?;
-    let metrics_addr = listen_addr(&args.metrics_addr)?;
-    let health_addr = listen_addr(&args.health_addr)?;
     std::fs::create_dir_all(&args.storage_path)
         .with_context(|| format!("creating storage path {:?}", args.storage_path))?;
     let storage = Storage::new(
         &args.storage_path,
-        advertised_addr(&args.storage_adv_addr, &storage_addr),
+        advertised_addr(&args.storage_adv_addr, args.storage_addr.port()),
     );
 
     let client = kube_client(args.kubeconfig.as_ref()).await?;
@@ -266,31 +190,74 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("building the HTTP client")?;
     let reporter = Reporter {
-        controller: controller::FIELD_MANAGER.to_string(),
-        instance: std::env::var("POD_NAME").ok(),
+        controller: FIELD_MANAGER.to_string(),
+        instance: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok(),
     };
-    let metrics = Arc::new(Metrics::default());
+    let notifier = flux.events_url().map(|url| {
+        info!(%url, "posting events to notification-controller");
+        Notifier::spawn(url, http.clone(), RetryPolicy::default())
+    });
+    let events = EventRecorder::new(client.clone(), reporter, notifier);
+
+    let mut registry = Registry::default();
+    let controller_metrics = Metrics::register(&mut registry)
+        .controller(&ControllerId::of::<api::HttpSource>(), flux.concurrent);
+    let source_metrics = SourceMetrics::register(&mut registry);
     let health = Health::default();
 
-    serve("artifact", storage_addr, storage.router()).await?;
-    serve("metrics", metrics_addr, metrics.router()).await?;
-    serve("health", health_addr, health.router()).await?;
+    serve(
+        "artifact",
+        args.storage_addr.socket_addr(),
+        storage.router(),
+    )
+    .await?;
+    serve(
+        "metrics",
+        flux.metrics_addr.socket_addr(),
+        flux_metrics::router(registry),
+    )
+    .await?;
+    serve("health", flux.health_addr.socket_addr(), health.router()).await?;
     info!(
         storage = %args.storage_path.display(),
         namespace = namespace.as_deref().unwrap_or("<all>"),
         "starting the HttpSource controller"
     );
 
-    let ctx = Arc::new(Context::new(
-        client,
+    let ctx = Arc::new(Context::new(Parts {
+        client: client.clone(),
         http,
         storage,
-        reporter,
-        metrics,
-        args.max_artifact_size,
+        events,
+        metrics: controller_metrics,
+        source_metrics,
+        max_size: args.max_artifact_size,
         retention,
-    ));
-    controller::run(ctx, health, namespace, args.concurrent).await;
+    }));
+    let watch = Watch {
+        namespace,
+        config: flux.watch.watcher_config(),
+        concurrency: flux.concurrent,
+    };
+    let controller = controller::run(ctx, health, watch);
+    if flux.leader_election.enable_leader_election {
+        let lease_namespace = flux.watch.runtime_namespace()?;
+        let elector = Elector::new(
+            client,
+            lease_namespace,
+            &lease_name(FIELD_MANAGER),
+            &flux.leader_election,
+        );
+        info!(
+            identity = elector.identity(),
+            "attempting to acquire the leader lease"
+        );
+        elector.run(controller).await?;
+    } else {
+        controller.await;
+    }
     info!("stopped");
     Ok(())
 }
@@ -298,23 +265,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use openflux_api::runtime::flags::{LogEncoding, LogLevel};
 
     #[test]
-    fn parses_go_style_listen_addresses() {
-        assert_eq!(
-            listen_addr(":9090").unwrap(),
-            "0.0.0.0:9090".parse().unwrap()
-        );
-        assert_eq!(
-            listen_addr("127.0.0.1:8080").unwrap(),
-            "127.0.0.1:8080".parse().unwrap()
-        );
-        assert!(listen_addr("nope").is_err());
-        let listen = "0.0.0.0:9090".parse().unwrap();
-        assert_eq!(advertised_addr("svc.ns:80", &listen), "svc.ns:80");
+    fn advertises_the_flag_or_the_host_name() {
+        assert_eq!(advertised_addr("svc.ns:80", 9090), "svc.ns:80");
+        assert!(advertised_addr("", 9090).ends_with(":9090"));
     }
 
-    /// The shipped Deployment passes flags this binary accepts.
+    /// The shipped Deployment passes flags this binary accepts, and exposes
+    /// the ports it listens on.
     #[test]
     fn the_deployment_args_parse() {
         let deployment: serde_yaml_ng::Value = serde_yaml_ng::from_str(include_str!(
@@ -332,11 +292,13 @@ mod tests {
             Cli::try_parse_from(std::iter::once("openflux-http-source".to_string()).chain(args))
                 .unwrap();
         assert!(cli.command.is_none());
-        assert_eq!(cli.run.storage_path, PathBuf::from("/data"));
-        assert!(cli
-            .run
-            .storage_adv_addr
-            .starts_with("openflux-http-source."));
+        let run = &cli.run;
+        assert_eq!(run.storage_path, PathBuf::from("/data"));
+        assert!(run.storage_adv_addr.starts_with("openflux-http-source."));
+        assert!(run.runtime.leader_election.enable_leader_election);
+        assert!(run.runtime.watch.watch_all_namespaces);
+        assert_eq!(run.runtime.log.log_encoding, LogEncoding::Json);
+        assert_eq!(run.runtime.log.log_level, LogLevel::Info);
         let ports: Vec<i64> = container["ports"]
             .as_sequence()
             .unwrap()
@@ -344,14 +306,11 @@ mod tests {
             .map(|p| p["containerPort"].as_i64().unwrap())
             .collect();
         for addr in [
-            &cli.run.storage_addr,
-            &cli.run.metrics_addr,
-            &cli.run.health_addr,
+            &run.storage_addr,
+            &run.runtime.metrics_addr,
+            &run.runtime.health_addr,
         ] {
-            assert!(
-                ports.contains(&(listen_addr(addr).unwrap().port() as i64)),
-                "{addr}"
-            );
+            assert!(ports.contains(&(addr.port() as i64)), "{addr}");
         }
     }
 
@@ -363,13 +322,24 @@ mod tests {
             "--namespace",
             "flux-system",
             "--concurrent=2",
+            "--log-encoding=console",
+            "--events-addr=http://notification-controller.flux-system.svc.cluster.local./",
         ])
         .unwrap();
-        assert!(!cli.run.watch_all_namespaces);
-        assert_eq!(cli.run.concurrent, 2);
+        let flux = &cli.run.runtime;
+        assert!(!flux.watch.watch_all_namespaces);
+        assert_eq!(flux.watch.watched_namespace().unwrap(), Some("flux-system"));
+        assert_eq!(flux.concurrent, 2);
+        assert_eq!(flux.log.log_encoding, LogEncoding::Console);
+        assert!(flux.events_url().is_some());
         let cli = Cli::try_parse_from(["openflux-http-source", "--watch-all-namespaces"]).unwrap();
-        assert!(cli.run.watch_all_namespaces);
+        assert!(cli.run.runtime.watch.watch_all_namespaces);
         assert_eq!(cli.run.max_artifact_size, 50 * 1024 * 1024);
+        assert_eq!(cli.run.artifact_retention_ttl, Duration::from_secs(60));
+        assert!(Cli::try_parse_from(["openflux-http-source", "--log-json"]).is_err());
+        assert!(
+            Cli::try_parse_from(["openflux-http-source", "--artifact-retention-ttl=1d"]).is_err()
+        );
         let cli = Cli::try_parse_from(["openflux-http-source", "crds"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Crds)));
     }

@@ -140,11 +140,14 @@ pub fn next_status(
 }
 
 /// An Event to emit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Notice {
     pub warning: bool,
     pub reason: String,
     pub message: String,
+    /// The artifact a success is about (its revision and digest travel with
+    /// the event, as Flux's do).
+    pub artifact: Option<ArtifactSummary>,
 }
 
 /// The Events a status change deserves: a new revision, a new failure (not
@@ -166,6 +169,7 @@ pub fn notices(old: Option<&HttpSourceStatus>, new: &HttpSourceStatus, url: &str
                     warning: false,
                     reason: reason::NEW_ARTIFACT.to_string(),
                     message: format!("stored artifact with revision '{revision}' from '{url}'"),
+                    artifact: new.artifact.clone(),
                 });
             }
         } else if was.as_ref().is_some_and(|w| w.status != "True") {
@@ -173,6 +177,7 @@ pub fn notices(old: Option<&HttpSourceStatus>, new: &HttpSourceStatus, url: &str
                 warning: false,
                 reason: is.reason.clone(),
                 message: is.message.clone(),
+                artifact: new.artifact.clone(),
             });
         }
     } else if was
@@ -183,6 +188,7 @@ pub fn notices(old: Option<&HttpSourceStatus>, new: &HttpSourceStatus, url: &str
             warning: true,
             reason: is.reason.clone(),
             message: is.message.clone(),
+            artifact: None,
         });
     }
     out
@@ -315,6 +321,7 @@ mod tests {
         assert_eq!(n.len(), 1);
         assert_eq!(n[0].reason, "NewArtifact");
         assert!(!n[0].warning);
+        assert_eq!(n[0].artifact, Some(artifact("sha256:aa")));
         // Same revision again: nothing to say.
         assert!(notices(Some(&first), &first, url).is_empty());
 
@@ -323,6 +330,7 @@ mod tests {
         assert_eq!(n.len(), 1);
         assert!(n[0].warning);
         assert_eq!(n[0].reason, reason::FETCH_FAILED);
+        assert_eq!(n[0].artifact, None);
         // The same failure again is not repeated.
         assert!(notices(Some(&down), &down, url).is_empty());
 

@@ -4,7 +4,8 @@
 //! namespace and running as a ServiceAccount bound (by a RoleBinding) to the
 //! ClusterRole shipped in manifests/http-source/rbac.yaml, so every test also
 //! proves those permissions suffice. Content is served by an in-test HTTP
-//! server that honours `If-None-Match` and counts what it sends.
+//! server that honours `If-None-Match` and counts what it sends; events for
+//! notification-controller go to an in-test receiver that keeps them.
 
 use openflux_testkit as support;
 
@@ -19,7 +20,7 @@ use std::time::Duration;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -143,6 +144,69 @@ async fn serve_content(
     ([(header::ETAG, etag)], served.body.clone()).into_response()
 }
 
+/// Stands in for notification-controller's event endpoint (`--events-addr`):
+/// keeps every event posted to it, answers 202 as notification-controller
+/// does.
+struct EventReceiver {
+    addr: SocketAddr,
+    events: Arc<Mutex<Vec<serde_json::Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EventReceiver {
+    async fn start() -> Self {
+        let events: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let keep = events.clone();
+        let router = Router::new().route(
+            "/",
+            post(move |body: axum::body::Bytes| {
+                let keep = keep.clone();
+                async move {
+                    match serde_json::from_slice(&body) {
+                        Ok(event) => {
+                            keep.lock().unwrap().push(event);
+                            StatusCode::ACCEPTED
+                        }
+                        Err(_) => StatusCode::BAD_REQUEST,
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the event receiver");
+        let addr = listener.local_addr().expect("event receiver address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        EventReceiver { addr, events, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Waits for an event with `reason` about an object of `kind`.
+    async fn wait_for(&self, reason: &str, kind: &str) -> serde_json::Value {
+        let what = format!("a {reason} event about a {kind} posted to notification-controller");
+        wait_for(&what, TIMEOUT, || async {
+            self.events
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|e| e["reason"] == reason && e["involvedObject"]["kind"] == kind)
+                .cloned()
+        })
+        .await
+    }
+}
+
+impl Drop for EventReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A tar.gz of `files` (path, contents) with the given mtime and owner, in
 /// the given order, so tests can serve the same content packed differently.
 fn tgz(files: &[(&str, &str)], mtime: u64, uid: u64) -> Vec<u8> {
@@ -223,7 +287,7 @@ struct Controller {
 }
 
 impl Controller {
-    async fn start(kubeconfig: &Path, ns: &str) -> Self {
+    async fn start(kubeconfig: &Path, ns: &str, extra: &[String]) -> Self {
         let (metrics_addr, health_addr, storage_addr) = (free_addr(), free_addr(), free_addr());
         let storage = tempfile::tempdir().expect("storage dir");
         let log = std::env::temp_dir().join(format!("{ns}-http-source.log"));
@@ -241,6 +305,7 @@ impl Controller {
             .arg("--artifact-retention-ttl=10s")
             .arg("--artifact-retention-records=2")
             .arg("--log-level=debug")
+            .args(extra)
             .env("POD_NAME", format!("{ns}-controller"))
             .stdin(Stdio::null())
             .stdout(out)
@@ -276,14 +341,28 @@ impl Controller {
 
     /// A sample of `openflux_http_source_fetches_total` (0 when absent).
     async fn fetches(&self, result: &str) -> u64 {
-        let prefix = format!("openflux_http_source_fetches_total{{result=\"{result}\"}} ");
+        let series = format!("openflux_http_source_fetches_total{{result=\"{result}\"}}");
+        self.metric(&series).await.map_or(0, |v| v as u64)
+    }
+
+    /// The value of one series on `/metrics`, if present.
+    async fn metric(&self, series: &str) -> Option<f64> {
         let Some((200, text)) = http_get(self.metrics_addr, "/metrics").await else {
             panic!("GET /metrics failed");
         };
+        let prefix = format!("{series} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+    }
+
+    /// The JSON log lines written so far.
+    fn json_log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// Downloads an artifact URL (it must point at this controller).
@@ -386,9 +465,22 @@ async fn service_account_kubeconfig(env: &Env, ns: &str, dir: &Path) -> PathBuf 
     for doc in serde_yaml_ng::Deserializer::from_str(include_str!(
         "../../../manifests/http-source/rbac.yaml"
     )) {
-        let value = serde_json::Value::deserialize(doc).expect("rbac.yaml");
+        let mut value = serde_json::Value::deserialize(doc).expect("rbac.yaml");
         if value["kind"] == "ClusterRole" {
             env.apply(&value).await.expect("applying the ClusterRole");
+        }
+        // The leader election Role and its binding, moved to the test's
+        // namespace (the controller runs there).
+        if value["kind"] == "Role" || value["kind"] == "RoleBinding" {
+            value["metadata"]["namespace"] = json!(ns);
+            if let Some(subjects) = value.get_mut("subjects").and_then(|s| s.as_array_mut()) {
+                for subject in subjects {
+                    subject["namespace"] = json!(ns);
+                }
+            }
+            env.apply(&value)
+                .await
+                .expect("applying the leader election Role");
         }
     }
     env.apply(&json!({
@@ -444,13 +536,18 @@ struct World {
 }
 
 async fn world(prefix: &str) -> World {
+    world_with(prefix, &[]).await
+}
+
+/// A world whose controller gets `extra` flags.
+async fn world_with(prefix: &str, extra: &[String]) -> World {
     let env = cluster().await;
     install_crds(&env).await;
     let ns = env.namespace(prefix).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = service_account_kubeconfig(&env, ns.name(), dir.path()).await;
     let server = ContentServer::start().await;
-    let controller = Controller::start(&kubeconfig, ns.name()).await;
+    let controller = Controller::start(&kubeconfig, ns.name(), extra).await;
     World {
         env,
         ns,
@@ -1015,6 +1112,188 @@ async fn suspend_stops_fetching_and_a_request_fetches_now() {
     assert_eq!(Some(handled), requested);
 }
 
+/// Flux's conventions, as an operator sees them: the leader election Lease,
+/// Flux's metrics for the object, JSON logs with the reconcile keys, and
+/// events posted to notification-controller in Flux's format, about the
+/// HttpSource until its Artifact is exported and about the exported object
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_flux_conventions() {
+    let receiver = EventReceiver::start().await;
+    let w = world_with(
+        "hs-flux",
+        &[
+            "--enable-leader-election".to_string(),
+            format!("--events-addr={}", receiver.url()),
+            "--log-encoding=json".to_string(),
+        ],
+    )
+    .await;
+    let ns = w.ns().to_string();
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(w.env.client.clone(), &ns);
+    let lease = leases
+        .get("openflux-http-source-leader-election")
+        .await
+        .expect("the leader election Lease");
+    let spec = lease.spec.expect("Lease spec");
+    assert!(
+        spec.holder_identity.is_some_and(|h| !h.is_empty()),
+        "the Lease has a holder"
+    );
+    assert_eq!(spec.lease_duration_seconds, Some(35));
+
+    let path = "flux.tgz";
+    w.server
+        .content
+        .put(path, tgz(&[("deploy/app.yaml", CONFIG_ONE)], 0, 0));
+    w.apply_source("app", json!({"url": w.server.url(path), "interval": "1m"}))
+        .await;
+    let first = revision(&w.wait_ready("app", None).await).expect("revision");
+
+    // Metrics, under Flux's names and labels.
+    let object = format!("kind=\"HttpSource\",name=\"app\",namespace=\"{ns}\"");
+    let c = &w.controller;
+    wait_for(
+        "gotk_reconcile_duration_seconds for the source",
+        TIMEOUT,
+        || async {
+            let series = format!("gotk_reconcile_duration_seconds_count{{{object}}}");
+            c.metric(&series).await.filter(|n| *n >= 1.0)
+        },
+    )
+    .await;
+    let total = |result: &str| {
+        format!(
+            "controller_runtime_reconcile_total{{controller=\"httpsource\",result=\"{result}\"}}"
+        )
+    };
+    assert!(c.metric(&total("requeue_after")).await.unwrap_or(0.0) >= 1.0);
+    assert_eq!(
+        c.metric("controller_runtime_max_concurrent_reconciles{controller=\"httpsource\"}")
+            .await,
+        Some(4.0)
+    );
+    assert_eq!(
+        c.metric(&format!("gotk_suspend_status{{{object}}}")).await,
+        Some(0.0)
+    );
+    assert_eq!(
+        c.metric(&format!(
+            "gotk_reconcile_condition{{{object},type=\"Ready\",status=\"True\"}}"
+        ))
+        .await,
+        Some(1.0)
+    );
+
+    // The new artifact, posted about the HttpSource (not exported yet).
+    let event = receiver.wait_for("NewArtifact", "HttpSource").await;
+    assert_eq!(event["severity"], "info");
+    assert_eq!(event["involvedObject"]["name"], "app");
+    assert_eq!(event["involvedObject"]["namespace"], ns.as_str());
+    assert_eq!(event["involvedObject"]["apiVersion"], HTTP_SOURCE);
+    assert!(event["involvedObject"]["uid"].is_string());
+    assert_eq!(
+        event["metadata"]["sources.openflux.dev/revision"],
+        first.as_str()
+    );
+    assert_eq!(
+        event["metadata"]["sources.openflux.dev/digest"],
+        first.as_str()
+    );
+    assert_eq!(event["reportingController"], "openflux-http-source");
+    assert_eq!(event["reportingInstance"], format!("{ns}-controller"));
+    assert!(event["message"]
+        .as_str()
+        .is_some_and(|m| m.contains(&first)));
+    assert!(event["timestamp"].is_string());
+
+    // A failure: a Warning, severity error, counted as a reconcile error.
+    w.server.content.set_down(path, true);
+    w.env
+        .apply(&json!({
+            "apiVersion": HTTP_SOURCE, "kind": "HttpSource",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {"url": w.server.url(path), "interval": "2s"},
+        }))
+        .await
+        .expect("shortening the interval");
+    w.wait_not_ready("app", "FetchFailed").await;
+    let event = receiver.wait_for("FetchFailed", "HttpSource").await;
+    assert_eq!(event["severity"], "error");
+    assert!(
+        c.metric("controller_runtime_reconcile_errors_total{controller=\"httpsource\"}")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+
+    // openflux exports the Artifact (here: its status says so, as openflux's
+    // export controller writes it): the recovery is posted about the
+    // exported object, which an Alert can select.
+    let ar = kube::core::ApiResource::from_gvk(&support::gvk(ARTIFACT, "Artifact"));
+    let artifacts: Api<DynamicObject> = Api::namespaced_with(w.env.client.clone(), &ns, &ar);
+    artifacts
+        .patch_status(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"exportedRef": {
+                "apiVersion": "source.toolkit.fluxcd.io/v1",
+                "kind": "ExternalArtifact",
+                "name": "httpsource-app",
+                "namespace": ns,
+            }}})),
+        )
+        .await
+        .expect("writing the Artifact's exportedRef");
+    w.server.content.set_down(path, false);
+    let event = receiver.wait_for("Succeeded", "ExternalArtifact").await;
+    assert_eq!(event["involvedObject"]["name"], "httpsource-app");
+    assert_eq!(event["severity"], "info");
+    assert_eq!(
+        event["metadata"]["source.toolkit.fluxcd.io/revision"],
+        first.as_str()
+    );
+
+    // The logs: zap's JSON with controller-runtime's keys.
+    let log = c.json_log();
+    let stored = log
+        .iter()
+        .find(|l| l["msg"] == "stored new artifact")
+        .unwrap_or_else(|| panic!("no 'stored new artifact' line in {log:#?}"));
+    assert_eq!(stored["level"], "info");
+    assert!(stored["ts"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert_eq!(stored["controller"], "httpsource");
+    assert_eq!(stored["controllerGroup"], "sources.openflux.dev");
+    assert_eq!(stored["controllerKind"], "HttpSource");
+    assert_eq!(
+        stored["HttpSource"],
+        json!({"name": "app", "namespace": ns})
+    );
+    assert_eq!(stored["name"], "app");
+    assert!(stored["reconcileID"].is_string());
+    assert_eq!(stored["revision"], first.as_str());
+    let failed = log
+        .iter()
+        .find(|l| l["msg"] == "reconcile failed")
+        .expect("a 'reconcile failed' line");
+    assert_eq!(failed["level"], "error");
+    assert_eq!(failed["reason"], "FetchFailed");
+
+    // A deleted source takes its gotk_* series with it.
+    let hs_api = kube::core::ApiResource::from_gvk(&support::gvk(HTTP_SOURCE, "HttpSource"));
+    Api::<DynamicObject>::namespaced_with(w.env.client.clone(), &ns, &hs_api)
+        .delete("app", &DeleteParams::default())
+        .await
+        .expect("deleting the HttpSource");
+    wait_for("the source's gotk_* series to go", TIMEOUT, || async {
+        let series = format!("gotk_reconcile_duration_seconds_count{{{object}}}");
+        c.metric(&series).await.is_none().then_some(())
+    })
+    .await;
+}
+
 /// `openflux run` for this namespace. Only what it does is awaited (the
 /// ExternalArtifact it exports), not its readiness endpoint.
 struct OpenfluxRun {
@@ -1066,7 +1345,8 @@ impl Drop for OpenfluxRun {
 /// exported object; with openflux's webhook it may name the HttpSource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kustomization_deploys_what_an_http_source_fetches() {
-    let w = world("hs-flow").await;
+    let receiver = EventReceiver::start().await;
+    let w = world_with("hs-flow", &[format!("--events-addr={}", receiver.url())]).await;
     for crd in [
         "kustomizations.kustomize.toolkit.fluxcd.io",
         "externalartifacts.source.toolkit.fluxcd.io",
@@ -1083,10 +1363,10 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
             .ok()
             .flatten()
             .is_some();
-        if !installed {
-            eprintln!("SKIPPED a_kustomization_deploys_what_an_http_source_fetches: {crd} is not installed (needs Flux's kustomize-controller)");
-            return;
-        }
+        assert!(
+            installed,
+            "{crd} is not installed: this test needs the control plane's Flux CRDs (e2e/cluster up)"
+        );
     }
     let ns = w.ns().to_string();
     let _openflux = OpenfluxRun::start(&w.env, &ns);
@@ -1173,4 +1453,33 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
         .expect("Kustomization")
         .expect("Kustomization");
     assert_eq!(text(&ks, "/status/lastAppliedRevision"), second);
+
+    // Once exported, events reach notification-controller about the
+    // ExternalArtifact, a kind an Alert can select.
+    let event = wait_for(
+        "the new revision's event about the export",
+        TIMEOUT,
+        || async {
+            receiver
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|e| {
+                    e["reason"] == "NewArtifact"
+                        && e["metadata"]["source.toolkit.fluxcd.io/revision"] == second.as_str()
+                })
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(
+        event["involvedObject"],
+        json!({
+            "apiVersion": "source.toolkit.fluxcd.io/v1",
+            "kind": "ExternalArtifact",
+            "name": "httpsource-app",
+            "namespace": ns,
+        })
+    );
 }
