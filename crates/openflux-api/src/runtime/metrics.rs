@@ -7,10 +7,9 @@
 //! - `controller_runtime_reconcile_total{controller,result}`, `result` one
 //!   of `success`, `error`, `requeue`, `requeue_after`;
 //! - `controller_runtime_reconcile_errors_total{controller}`;
-//! - `controller_runtime_reconcile_time_seconds{controller}`, a histogram
-//!   with controller-runtime's buckets (5ms to 60s);
-//! - `controller_runtime_max_concurrent_reconciles{controller}` and
-//!   `controller_runtime_active_workers{controller}`.
+//! - `controller_runtime_reconcile_time_seconds{controller}` (controller-runtime's
+//!   buckets, 5ms to 60s), `controller_runtime_max_concurrent_reconciles` and
+//!   `controller_runtime_active_workers` (label `controller`).
 //!
 //! `fluxcd/pkg/runtime/metrics` at the version the pinned Flux controllers
 //! use defines three `gotk_*` metrics, with labels `kind`, `name` and
@@ -25,11 +24,10 @@
 //!   status, 0 for the others): still defined, no longer recorded by the
 //!   stock controllers, offered here for controllers that want them.
 //!
-//! The series of a deleted object are removed. `gotk_resource_info`, which
-//! Flux's cluster dashboard counts objects with, is not exported by any
-//! controller: kube-state-metrics makes it from the objects' status with a
-//! custom resource state configuration (see `docs/http-source.md` for the
-//! one of HttpSource).
+//! The series of a deleted object are removed. `gotk_resource_info` (Flux's
+//! cluster dashboard) comes from no controller: kube-state-metrics makes it
+//! with a custom resource state configuration (`docs/http-source.md` has
+//! HttpSource's).
 
 use std::sync::Arc;
 use std::time::Instant;
