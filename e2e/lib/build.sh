@@ -273,8 +273,10 @@ copy_crds() {
   done
   chmod -R u+w "$tmp"
   touch "$tmp/.done"
-  rm -rf "$CRD_DIR"
-  mv "$tmp" "$CRD_DIR"
+  # A leftover of an interrupted copy goes; a complete one from a concurrent
+  # build stays (and the rename below fails, so ours goes).
+  [ -f "$CRD_DIR/.done" ] || rm -rf "$CRD_DIR"
+  mv -T "$tmp" "$CRD_DIR" 2>/dev/null || rm -rf "$tmp"
 }
 
 # link_binary NAME WRAPPER: the bin dir's symlink to a built binary. Links
