@@ -1,0 +1,320 @@
+# shellcheck shell=bash disable=SC2034
+# Sourced by e2e/cluster: which binaries a Flux line needs and how they are
+# built and cached. Expects E2E_DIR, CACHE_ROOT, GO_PARALLEL, say and die, and
+# e2e/versions.env sourced.
+#
+# Cache layout under CACHE_ROOT:
+#   wrappers/<wrapper>-<key>/<binary>   what `go build` produced; <key> hashes
+#                                       the wrapper module alone (go.mod,
+#                                       go.sum, *.go, the build recipe), so a
+#                                       new or changed wrapper rebuilds only
+#                                       its own binaries
+#   sets/flux-<line>-<key>/bin/         the bin dir users see: one symlink per
+#                                       binary of the line; <key> hashes the
+#                                       wrapper keys of the line
+#   sets/flux-<line>-<key>/crds/        the line's Flux CRDs
+# Nothing is ever deleted; remove old directories by hand.
+
+# ----------------------------------------------------------- flux lines ----
+
+# select_line LINE: sets FLUX_LINE and FLUX (the line's Flux binaries), one
+# entry each: binary|wrapper dir under e2e/go|module|version|main package
+# inside the module|kind (controller: started by `up`, its config/crd/bases
+# installed; cli: only built). Controllers start in this order.
+select_line() {
+  case $1 in
+    current | 2.9)
+      FLUX_LINE=2.9
+      FLUX=(
+        "notification-controller|notification-controller|github.com/fluxcd/notification-controller|$NOTIFICATION_CONTROLLER_VERSION|.|controller"
+        "source-controller|source-controller|github.com/fluxcd/source-controller|$SOURCE_CONTROLLER_VERSION|.|controller"
+        "kustomize-controller|kustomize-controller|github.com/fluxcd/kustomize-controller|$KUSTOMIZE_CONTROLLER_VERSION|.|controller"
+        "helm-controller|helm-controller|github.com/fluxcd/helm-controller|$HELM_CONTROLLER_VERSION|.|controller"
+        "source-watcher|source-watcher|github.com/fluxcd/source-watcher/v2|$SOURCE_WATCHER_VERSION|cmd|controller"
+        "flux|flux-cli|github.com/fluxcd/flux2/v2|$FLUX_CLI_VERSION|cmd/flux|cli"
+      )
+      ;;
+    2.7)
+      FLUX_LINE=2.7
+      FLUX=(
+        "source-controller|flux-2.7/source-controller|github.com/fluxcd/source-controller|$FLUX_2_7_SOURCE_CONTROLLER_VERSION|.|controller"
+        "kustomize-controller|flux-2.7/kustomize-controller|github.com/fluxcd/kustomize-controller|$FLUX_2_7_KUSTOMIZE_CONTROLLER_VERSION|.|controller"
+        "helm-controller|flux-2.7/helm-controller|github.com/fluxcd/helm-controller|$FLUX_2_7_HELM_CONTROLLER_VERSION|.|controller"
+      )
+      ;;
+    *)
+      die "unknown Flux line '$1' (OPENFLUX_E2E_FLUX_LINE): known are current (2.9) and 2.7;" \
+        "older lines cannot be built from the Go module proxy (see e2e/versions.env)"
+      ;;
+  esac
+  local entry name wrapper mod _v main kind
+  # name|wrapper|package to build
+  BINARIES=(
+    "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver"
+    "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager"
+    "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl"
+    "etcd|etcd|."
+    "fixtures|fixtures|."
+  )
+  FLUX_CONTROLLERS=()
+  for entry in "${FLUX[@]}"; do
+    IFS='|' read -r name wrapper mod _v main kind <<<"$entry"
+    [ "$main" = . ] && main=$mod || main=$mod/$main
+    BINARIES+=("$name|$wrapper|$main")
+    [ "$kind" = controller ] && FLUX_CONTROLLERS+=("$name")
+  done
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager fixtures "${FLUX_CONTROLLERS[@]}")
+
+  local keys=()
+  for entry in "${BINARIES[@]}"; do
+    IFS='|' read -r name wrapper _ <<<"$entry"
+    hash_wrapper "$wrapper"
+    keys+=("$name=${WRAPPER_KEYS[$wrapper]}")
+  done
+  SET_DIR=$CACHE_ROOT/sets/flux-$FLUX_LINE-$(printf '%s\n' "${keys[@]}" | sha256sum | cut -c1-12)
+  BIN_DIR=$SET_DIR/bin
+  CRD_DIR=$SET_DIR/crds
+}
+
+# line_has BINARY: whether the selected line has that Flux binary.
+line_has() {
+  local entry
+  for entry in "${FLUX[@]}"; do [ "${entry%%|*}" = "$1" ] && return 0; done
+  return 1
+}
+
+# ---------------------------------------------------------------- cache ----
+
+# build_recipe WRAPPER: names how the wrapper's binaries are built (flags in
+# build_binary). Part of the cache key: change it when the recipe changes.
+build_recipe() {
+  case $1 in
+    kubernetes) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
+    flux-cli) echo "go1.26+ cgo-off trimpath ldflags-v2 flux-version-stamp placeholder-manifests-v2" ;;
+    *) echo "go1.26+ cgo-off trimpath ldflags-v2" ;;
+  esac
+}
+
+declare -A WRAPPER_KEYS=()
+
+# hash_wrapper WRAPPER: records in WRAPPER_KEYS 12 hex digits of the hash of
+# the wrapper module's go.mod, go.sum and Go files and its build recipe.
+hash_wrapper() {
+  local w=$1 content
+  [ -n "${WRAPPER_KEYS[$w]:-}" ] && return 0
+  [ -f "$E2E_DIR/go/$w/go.mod" ] || die "no wrapper module e2e/go/$w"
+  content=$(
+    cd "$E2E_DIR/go/$w" || exit 1
+    LC_ALL=C
+    echo "recipe: $(build_recipe "$w")"
+    for f in go.mod go.sum *.go; do
+      [ -f "$f" ] && { echo "== $f"; cat "$f"; }
+    done
+    true
+  ) || die "hashing e2e/go/$w failed"
+  WRAPPER_KEYS[$w]=$(sha256sum <<<"$content" | cut -c1-12)
+}
+
+# binary_path NAME WRAPPER: where the cache keeps the built binary (after
+# hash_wrapper WRAPPER).
+binary_path() {
+  echo "$CACHE_ROOT/wrappers/${2//\//-}-${WRAPPER_KEYS[$2]}/$1"
+}
+
+# ---------------------------------------------------------------- build ----
+
+go_env() {
+  env GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" "$@"
+}
+
+check_go() {
+  command -v go >/dev/null || die "the Go toolchain (1.26 or newer) is required to build the control plane"
+  local v
+  v=$(go env GOVERSION 2>/dev/null || true)
+  v=${v#go}
+  case $v in
+    1.2[6-9]* | 1.[3-9][0-9]* | [2-9].*) ;;
+    *) die "Go 1.26 or newer is required to build the control plane, found '${v:-none}'" ;;
+  esac
+}
+
+# require_version WRAPPER MODULE VERSION: the wrapper's go.mod must pin it.
+require_version() {
+  local gomod=$E2E_DIR/go/$1/go.mod mod=${2//./\\.}
+  grep -Eq "^[[:space:]]*(require[[:space:]]+)?${mod} ${3}([[:space:]]|$)" "$gomod" ||
+    die "$gomod does not require $2 $3 as e2e/versions.env says; run e2e/go/sync $1"
+}
+
+check_versions() {
+  local entry wrapper mod ver
+  require_version kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
+  grep -Eq "^replace k8s\.io/api => k8s\.io/api v0\.${KUBERNETES_VERSION#v1.}$" "$E2E_DIR/go/kubernetes/go.mod" ||
+    die "e2e/go/kubernetes/go.mod does not pin the staging modules to v0.${KUBERNETES_VERSION#v1.}; run e2e/go/sync kubernetes"
+  require_version etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+  for entry in "${FLUX[@]}"; do
+    IFS='|' read -r _ wrapper mod ver _ <<<"$entry"
+    require_version "$wrapper" "$mod" "$ver"
+  done
+}
+
+# Version stamp of the Kubernetes binaries, the way the upstream release build
+# does it (hack/lib/version.sh), so `kubectl version` reports the real version.
+kube_ldflags() {
+  local v=$KUBERNETES_VERSION major minor date commit flags="-s -w"
+  major=${v#v}; major=${major%%.*}
+  minor=${v#v*.}; minor=${minor%%.*}
+  # Release time and content hash of the module as the proxy recorded them:
+  # the module zip has no git metadata, so its checksum stands in for the commit.
+  date=$(cd "$E2E_DIR/go/kubernetes" &&
+    go_env go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes 2>/dev/null || true)
+  date=${date:-1970-01-01T00:00:00Z}
+  commit=$(grep -E "^k8s\.io/kubernetes $v h1:" "$E2E_DIR/go/kubernetes/go.sum" | sed 's/.* h1://' |
+    base64 -d 2>/dev/null | od -An -tx1 | tr -d ' \n' | cut -c1-40)
+  local pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+  done
+  echo "$flags"
+}
+
+# flux_cli_module DIR: the flux CLI embeds its install manifests
+# (cmd/flux/manifests/*.yaml), which its release build generates and the
+# module does not contain (nor can a build overlay add files under the module
+# cache). So the build uses a copy of the module in DIR/flux2 with one
+# placeholder manifest, through DIR/go.mod (the wrapper's go.mod plus a
+# replace directive). `flux install` and `flux bootstrap` do not work with
+# this binary; every command that talks to a cluster (get, trace,
+# reconcile, events, ...) does.
+flux_cli_module() {
+  local dir=$1 mod
+  mod=$(cd "$E2E_DIR/go/flux-cli" && go_env go mod download -json github.com/fluxcd/flux2/v2 |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$mod" ] && [ -d "$mod/cmd/flux" ] || die "cannot find the source of github.com/fluxcd/flux2/v2 (module dir '$mod')"
+  cp -r "$mod" "$dir/flux2"
+  chmod -R u+w "$dir/flux2"
+  mkdir -p "$dir/flux2/cmd/flux/manifests"
+  echo "# Placeholder: this flux CLI is built without its install manifests." \
+    >"$dir/flux2/cmd/flux/manifests/openflux-e2e-placeholder.yaml"
+  cp "$E2E_DIR/go/flux-cli/go.mod" "$E2E_DIR/go/flux-cli/go.sum" "$dir/"
+  go_env go mod edit -replace="github.com/fluxcd/flux2/v2=$dir/flux2" "$dir/go.mod"
+}
+
+HEARTBEAT_PID=
+trap '[ -z "$HEARTBEAT_PID" ] || kill "$HEARTBEAT_PID" 2>/dev/null || true' EXIT
+
+# heartbeat WHAT START: every 30 s, says that WHAT is still building; ends
+# with this script.
+heartbeat() {
+  local parent=$$
+  while sleep 30; do
+    kill -0 "$parent" 2>/dev/null || exit 0
+    say "... still building $1 ($(($(date +%s) - $2))s so far)"
+  done
+}
+
+# build_binary NAME WRAPPER PACKAGE PROGRESS: builds one binary into the
+# cache. A lock per wrapper key keeps two control planes from building the
+# same thing at once; the second one waits and reuses the result.
+build_binary() {
+  local name=$1 w=$2 pkg=$3 progress=$4 dest dir start tmp ldflags="-s -w" args=() rc=0
+  dest=$(binary_path "$name" "$w")
+  dir=${dest%/*}
+  mkdir -p "$dir"
+  exec 8>"$dir/.lock"
+  if ! flock -n 8; then
+    say "waiting for another build in $dir"
+    flock -w 7200 8 || die "could not lock $dir/.lock"
+  fi
+  if [ -x "$dest" ]; then
+    say "$name [$progress]: built meanwhile by someone else"
+    exec 8>&-
+    return 0
+  fi
+  tmp=$(mktemp -d "$dir/.build.XXXXXX")
+  case $w in
+    kubernetes) ldflags=$(kube_ldflags) ;;
+    flux-cli)
+      ldflags+=" -X main.VERSION=${FLUX_CLI_VERSION#v}"
+      flux_cli_module "$tmp"
+      args=(-modfile="$tmp/go.mod")
+      ;;
+  esac
+  start=$(date +%s)
+  say "building $name [$progress] ($pkg in e2e/go/$w) ..."
+  heartbeat "$name [$progress]" "$start" &
+  HEARTBEAT_PID=$!
+  (cd "$E2E_DIR/go/$w" &&
+    go_env go build -p "$GO_PARALLEL" -trimpath -ldflags "$ldflags" "${args[@]}" -o "$tmp/$name" "$pkg") || rc=$?
+  kill "$HEARTBEAT_PID" 2>/dev/null || true
+  wait "$HEARTBEAT_PID" 2>/dev/null || true
+  HEARTBEAT_PID=
+  if [ $rc -ne 0 ]; then
+    rm -rf "$tmp"
+    die "building $name failed after $(($(date +%s) - start))s (see the go output above)"
+  fi
+  mv -f "$tmp/$name" "$dest"
+  rm -rf "$tmp"
+  exec 8>&-
+  say "built $name [$progress] in $(($(date +%s) - start))s"
+}
+
+copy_crds() {
+  [ -f "$CRD_DIR/.done" ] && return
+  local entry wrapper mod kind dir tmp
+  tmp=$(mktemp -d "$SET_DIR/.crds.XXXXXX")
+  for entry in "${FLUX[@]}"; do
+    IFS='|' read -r _ wrapper mod _ _ kind <<<"$entry"
+    [ "$kind" = controller ] || continue
+    dir=$(cd "$E2E_DIR/go/$wrapper" && go_env go mod download -json "$mod" |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -n "$dir" ] && [ -d "$dir/config/crd/bases" ] || die "no CRDs found for $mod (module dir '$dir')"
+    cp "$dir"/config/crd/bases/*.yaml "$tmp/"
+  done
+  chmod -R u+w "$tmp"
+  touch "$tmp/.done"
+  # A leftover of an interrupted copy goes; a complete one from a concurrent
+  # build stays (and the rename below fails, so ours goes).
+  [ -f "$CRD_DIR/.done" ] || rm -rf "$CRD_DIR"
+  mv -T "$tmp" "$CRD_DIR" 2>/dev/null || rm -rf "$tmp"
+}
+
+# link_binary NAME WRAPPER: the bin dir's symlink to a built binary. Links
+# never change within a set (its name hashes their targets), so a control
+# plane running from this bin dir never sees one missing.
+link_binary() {
+  local target
+  target=$(binary_path "$1" "$2")
+  [ "$(readlink "$BIN_DIR/$1" 2>/dev/null)" = "$target" ] || ln -sfn "$target" "$BIN_DIR/$1"
+}
+
+# build: builds what the selected line lacks and links its bin dir.
+build() {
+  local entry name wrapper pkg todo=() i=0 start
+  mkdir -p "$BIN_DIR"
+  for entry in "${BINARIES[@]}"; do
+    IFS='|' read -r name wrapper pkg <<<"$entry"
+    if [ -x "$(binary_path "$name" "$wrapper")" ]; then
+      link_binary "$name" "$wrapper"
+    else
+      todo+=("$entry")
+    fi
+  done
+  if [ ${#todo[@]} -gt 0 ] || [ ! -f "$CRD_DIR/.done" ]; then
+    check_go
+    check_versions
+  fi
+  if [ ${#todo[@]} -gt 0 ]; then
+    start=$(date +%s)
+    say "Flux line $FLUX_LINE: building ${#todo[@]} of ${#BINARIES[@]} binaries:" \
+      "$(for entry in "${todo[@]}"; do printf '%s ' "${entry%%|*}"; done)(a cold build takes tens of minutes on 2 cores)"
+    for entry in "${todo[@]}"; do
+      IFS='|' read -r name wrapper pkg <<<"$entry"
+      i=$((i + 1))
+      build_binary "$name" "$wrapper" "$pkg" "$i/${#todo[@]}"
+      link_binary "$name" "$wrapper"
+    done
+    say "built ${#todo[@]} binaries in $(($(date +%s) - start))s"
+  fi
+  copy_crds
+}
