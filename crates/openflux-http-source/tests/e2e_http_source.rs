@@ -1483,3 +1483,111 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
         })
     );
 }
+
+/// The real notification-controller of the local control plane delivers an
+/// Alert on an HttpSource's event to a receiver: the controller posts the
+/// event about the object openflux exported the source's Artifact to (an
+/// Alert cannot select a custom kind), notification-controller matches the
+/// Alert and forwards it through a generic Provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_reaches_a_receiver_through_notification_controller() {
+    let env = cluster().await;
+    let var = |name: &str| {
+        env.vars
+            .get(name)
+            .filter(|v| !v.is_empty() && v.as_str() != "unset")
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!("{name} is not set: this test needs the notification-controller and the alert receiver of e2e/cluster")
+            })
+    };
+    let events_addr = var("OPENFLUX_E2E_EVENTS_ADDR");
+    let receiver_url = var("OPENFLUX_E2E_RECEIVER_URL");
+    let w = world_with("hs-alert", &[format!("--events-addr={events_addr}")]).await;
+    let ns = w.ns().to_string();
+    let receiver = format!("{}/{ns}", receiver_url.trim_end_matches('/'));
+
+    w.env
+        .apply(&json!({
+            "apiVersion": "notification.toolkit.fluxcd.io/v1beta3", "kind": "Provider",
+            "metadata": {"name": "receiver", "namespace": ns},
+            "spec": {"type": "generic", "address": receiver},
+        }))
+        .await
+        .expect("the Provider");
+    w.env
+        .apply(&json!({
+            "apiVersion": "notification.toolkit.fluxcd.io/v1beta3", "kind": "Alert",
+            "metadata": {"name": "exports", "namespace": ns},
+            "spec": {
+                "providerRef": {"name": "receiver"},
+                "eventSeverity": "info",
+                "eventSources": [{"kind": "ExternalArtifact", "name": "*"}],
+            },
+        }))
+        .await
+        .expect("the Alert");
+
+    let path = "alert.tgz";
+    w.server
+        .content
+        .put(path, tgz(&[("deploy/app.yaml", CONFIG_ONE)], 0, 0));
+    w.apply_source("app", json!({"url": w.server.url(path), "interval": "2s"}))
+        .await;
+    let first = revision(&w.wait_ready("app", None).await).expect("revision");
+    wait_for("the Artifact", TIMEOUT, || async {
+        w.artifact("app").await
+    })
+    .await;
+
+    // The Artifact is exported (its status says so, as openflux writes it).
+    let ar = kube::core::ApiResource::from_gvk(&support::gvk(ARTIFACT, "Artifact"));
+    Api::<DynamicObject>::namespaced_with(w.env.client.clone(), &ns, &ar)
+        .patch_status(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"exportedRef": {
+                "apiVersion": "source.toolkit.fluxcd.io/v1",
+                "kind": "ExternalArtifact",
+                "name": "app.httpsource.sources.openflux.dev",
+                "namespace": ns,
+            }}})),
+        )
+        .await
+        .expect("writing the Artifact's exportedRef");
+
+    // New content: a new artifact, posted about the export, alerted on.
+    w.server
+        .content
+        .put(path, tgz(&[("deploy/app.yaml", CONFIG_TWO)], 0, 0));
+    let second = revision(&w.wait_ready("app", Some(&first)).await).expect("revision");
+    let client = reqwest::Client::new();
+    let delivered = wait_for("the Alert's notification at the receiver", TIMEOUT, || {
+        let client = client.clone();
+        let receiver = receiver.clone();
+        let second = second.clone();
+        async move {
+            let body = client
+                .get(&receiver)
+                .send()
+                .await
+                .ok()?
+                .bytes()
+                .await
+                .ok()?;
+            let bodies: Vec<serde_json::Value> = serde_json::from_slice(&body).ok()?;
+            bodies.into_iter().find(|b| {
+                b["involvedObject"]["kind"] == "ExternalArtifact"
+                    && b["metadata"]["revision"] == second.as_str()
+            })
+        }
+    })
+    .await;
+    assert_eq!(
+        delivered["involvedObject"]["name"],
+        "app.httpsource.sources.openflux.dev"
+    );
+    assert_eq!(delivered["involvedObject"]["namespace"], ns.as_str());
+    assert_eq!(delivered["severity"], "info");
+    assert_eq!(delivered["reportingController"], "openflux-http-source");
+}
