@@ -1161,16 +1161,24 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
         async move { (value(cms).await.as_deref() == Some("two")).then_some(()) }
     })
     .await;
-    let ks = w
-        .env
-        .get(
-            "kustomize.toolkit.fluxcd.io/v1",
-            "Kustomization",
-            Some(&ns),
-            "app",
-        )
-        .await
-        .expect("Kustomization")
-        .expect("Kustomization");
-    assert_eq!(text(&ks, "/status/lastAppliedRevision"), second);
+    // kustomize-controller writes its status after applying: wait for it.
+    wait_for(
+        &format!("the Kustomization to report {second} as applied"),
+        TIMEOUT,
+        || async {
+            let ks = w
+                .env
+                .get(
+                    "kustomize.toolkit.fluxcd.io/v1",
+                    "Kustomization",
+                    Some(&ns),
+                    "app",
+                )
+                .await
+                .ok()
+                .flatten()?;
+            (text(&ks, "/status/lastAppliedRevision") == second).then_some(())
+        },
+    )
+    .await;
 }
