@@ -7,12 +7,18 @@ CLUSTER := e2e/cluster
 # End-to-end test binaries share one control plane: keep concurrency modest.
 TEST_THREADS ?= 2
 
-.PHONY: demo test lint cluster-up cluster-down cluster-status
+.PHONY: demo demo-down test lint cluster-up cluster-down cluster-status
 
-# The demo: local control plane, openflux and the HttpSource controller, a
-# custom source flowing into an unchanged Kustomization (see e2e/demo).
+# The demo: a custom source flowing into an unchanged Kustomization, with
+# openflux and the HttpSource controller, on a control plane of its own
+# (${TMPDIR:-/tmp}/openflux-demo, ports 17xxx; see e2e/demo). Running it
+# again refreshes it; the tests never see it.
 demo:
 	e2e/demo
+
+# Stops the demo: openflux, the HttpSource controller and its control plane.
+demo-down:
+	e2e/demo stop
 
 test: lint cluster-up
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS)
@@ -21,7 +27,8 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Builds what is missing (the build log is shown) and starts the control plane.
+# The tests' control plane (${TMPDIR:-/tmp}/openflux-e2e, ports 16xxx):
+# builds what is missing (the build log is shown) and starts it.
 cluster-up:
 	$(CLUSTER) up
 

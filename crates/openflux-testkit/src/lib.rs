@@ -6,14 +6,19 @@
 //! binaries), or, when `KUBECONFIG` is set, that cluster as it is.
 //!
 //! Tests that need the loopback fixtures (Git server, static file server)
-//! take them from [`Env::fixtures`], which is `None` on a cluster that was not
-//! started by `e2e/cluster` unless the `OPENFLUX_E2E_*` variables are set; use
-//! [`Env::fixtures_or_skip`] to skip with a clear message then.
+//! take them from [`Env::fixtures`]. A test never skips: on a cluster that
+//! was not started by `e2e/cluster` and without the `OPENFLUX_E2E_*`
+//! fixture variables, it fails with a message naming the missing variables;
+//! a control plane that cannot start fails it with the component that did
+//! not come up.
 //!
 //! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
+pub mod fixtures;
 pub mod openflux;
+
+pub use fixtures::{Fixtures, GitRepo, FIXTURE_VARIABLES};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -23,7 +28,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, bail, Context as _};
+use anyhow::{anyhow, Context as _};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -50,32 +55,11 @@ pub struct Env {
     pub kubeconfig: Option<PathBuf>,
     /// True when the cluster is the local control plane started by `e2e/cluster`.
     pub local: bool,
-    /// The loopback fixtures, when known.
-    pub fixtures: Option<Fixtures>,
+    /// The loopback fixtures, or why there are none (see [`Env::fixtures`]).
+    fixtures: Result<Fixtures, String>,
     /// Every `OPENFLUX_E2E_*` variable (and `KUBECONFIG`) of the environment
     /// description, for helpers that need more than the fields above.
     pub vars: BTreeMap<String, String>,
-}
-
-/// The test fixtures served on loopback by `e2e/cluster`.
-#[derive(Clone, Debug)]
-pub struct Fixtures {
-    /// Base URL of the Git smart HTTP server; `<git_url>/<name>.git` is the
-    /// bare repository `<git_root>/<name>.git`.
-    pub git_url: String,
-    /// Directory of the served bare repositories.
-    pub git_root: PathBuf,
-    /// Base URL of the static file server; `<http_url>/<path>` is
-    /// `<http_root>/<path>`.
-    pub http_url: String,
-    /// Directory served by the static file server.
-    pub http_root: PathBuf,
-    /// A Helm repository with the chart `hello` 0.1.0.
-    pub helm_repo_url: Option<String>,
-    /// `host:port` of source-controller's artifact storage, if known.
-    pub source_storage_addr: Option<String>,
-    /// `host:port` of source-watcher's artifact storage, if known.
-    pub watcher_storage_addr: Option<String>,
 }
 
 /// Path of the `e2e/cluster` script of this repository.
@@ -141,7 +125,8 @@ fn resolve() -> Result<Resolved, String> {
         .map_err(|e| format!("running {} up: {e}", script.display()))?;
     if !status.success() {
         return Err(format!(
-            "{} up failed ({status}); see its output above and the logs in its state directory",
+            "the local control plane did not start: {} up failed ({status}); its output above \
+             names the component that did not come up and shows the tail of its log",
             script.display()
         ));
     }
@@ -185,19 +170,6 @@ pub fn parse_env(text: &str) -> BTreeMap<String, String> {
     vars
 }
 
-fn fixtures_from(vars: &BTreeMap<String, String>) -> Option<Fixtures> {
-    let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
-    Some(Fixtures {
-        git_url: get("OPENFLUX_E2E_GIT_URL")?,
-        git_root: PathBuf::from(get("OPENFLUX_E2E_GIT_ROOT")?),
-        http_url: get("OPENFLUX_E2E_HTTP_URL")?,
-        http_root: PathBuf::from(get("OPENFLUX_E2E_HTTP_ROOT")?),
-        helm_repo_url: get("OPENFLUX_E2E_HELM_REPO_URL"),
-        source_storage_addr: get("OPENFLUX_E2E_SOURCE_STORAGE_ADDR"),
-        watcher_storage_addr: get("OPENFLUX_E2E_WATCHER_STORAGE_ADDR"),
-    })
-}
-
 /// The cluster for this test: starts the local control plane once per
 /// process (unless `KUBECONFIG` is set) and returns a fresh client for the
 /// calling test's runtime. Panics with a readable message if the cluster
@@ -231,23 +203,41 @@ pub async fn cluster() -> Env {
         config,
         kubeconfig: resolved.kubeconfig.clone(),
         local: resolved.local,
-        fixtures: fixtures_from(&resolved.vars),
+        fixtures: Fixtures::from_vars(&resolved.vars)
+            .map_err(|missing| missing_fixtures(resolved.local, &missing)),
         vars: resolved.vars.clone(),
     }
 }
 
+/// Why a cluster has no fixtures, naming the missing variables.
+fn missing_fixtures(local: bool, missing: &[&str]) -> String {
+    let names = missing.join(", ");
+    if local {
+        format!("`e2e/cluster env` printed no {names}")
+    } else {
+        format!(
+            "this test needs the loopback fixtures of e2e/cluster, but {names} \
+             {verb} not set. KUBECONFIG is set, so the tests use that cluster as it is: \
+             unset KUBECONFIG to run them on the local control plane, or set these \
+             variables (`e2e/cluster env` prints them for a local control plane)",
+            verb = if missing.len() == 1 { "is" } else { "are" }
+        )
+    }
+}
+
 impl Env {
-    /// The fixtures, or `None` after printing why `test` is skipped. Use as
-    /// `let Some(fx) = env.fixtures_or_skip("my_test") else { return };`
-    pub fn fixtures_or_skip(&self, test: &str) -> Option<&Fixtures> {
-        if self.fixtures.is_none() {
-            eprintln!(
-                "SKIPPED {test}: needs the loopback fixtures of e2e/cluster \
-                 (OPENFLUX_E2E_GIT_URL, OPENFLUX_E2E_GIT_ROOT, OPENFLUX_E2E_HTTP_URL, \
-                 OPENFLUX_E2E_HTTP_ROOT); unset KUBECONFIG to use the local control plane"
-            );
-        }
-        self.fixtures.as_ref()
+    /// The loopback fixtures (Git and file servers, Helm repository).
+    /// Panics, failing the test with the names of the missing
+    /// `OPENFLUX_E2E_*` variables, when the cluster in use has none.
+    pub fn fixtures(&self) -> &Fixtures {
+        self.try_fixtures()
+            .unwrap_or_else(|why| panic!("e2e fixtures missing: {why}"))
+    }
+
+    /// The loopback fixtures, or why there are none (for code that reports
+    /// errors instead of panicking, such as the benchmarks).
+    pub fn try_fixtures(&self) -> Result<&Fixtures, String> {
+        self.fixtures.as_ref().map_err(Clone::clone)
     }
 
     /// Creates a uniquely named namespace (`<prefix>-<unique>`), deleted when
@@ -291,9 +281,50 @@ impl Env {
             .flatten()
     }
 
-    /// The kubectl matching the local control plane's version, if known.
-    pub fn kubectl(&self) -> Option<PathBuf> {
-        self.vars.get("OPENFLUX_E2E_KUBECTL").map(PathBuf::from)
+    /// A `kubectl` command for this cluster: the one matching the local
+    /// control plane's version (`OPENFLUX_E2E_KUBECTL`), else `kubectl` from
+    /// `PATH`, with the local control plane's kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let program = self
+            .vars
+            .get("OPENFLUX_E2E_KUBECTL")
+            .filter(|p| !p.is_empty())
+            .map_or_else(|| PathBuf::from("kubectl"), PathBuf::from);
+        let mut cmd = Command::new(program);
+        if let Some(kc) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", kc);
+        }
+        cmd
+    }
+
+    /// Runs `kubectl ARGS` (see [`Env::kubectl`]) with `stdin` as its input;
+    /// panics, naming the program, when it cannot be started.
+    pub fn run_kubectl(&self, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+        use std::io::Write as _;
+        let mut cmd = self.kubectl();
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        cmd.args(args)
+            .current_dir(workspace_root())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "running {program}: {e} (set OPENFLUX_E2E_KUBECTL, or put kubectl on PATH, for a cluster not started by e2e/cluster)"
+            )
+        });
+        if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
+            input
+                .write_all(text.as_bytes())
+                .unwrap_or_else(|e| panic!("writing to {program}: {e}"));
+        }
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("waiting for {program}: {e}"))
     }
 }
 
@@ -587,192 +618,6 @@ pub async fn request_reconcile(
         .await
         .with_context(|| format!("requesting reconciliation of {kind} {namespace}/{name}"))?;
     Ok(())
-}
-
-// -------------------------------------------------------------------- git --
-
-/// A bare repository served by the fixtures Git server.
-#[derive(Clone, Debug)]
-pub struct GitRepo {
-    /// Repository name without `.git`.
-    pub name: String,
-    /// Path of the bare repository.
-    pub path: PathBuf,
-    /// Clone URL over HTTP (what a GitRepository's `spec.url` takes).
-    pub url: String,
-    /// The branch commits go to (`main`).
-    pub branch: String,
-}
-
-fn git(dir: Option<&Path>, args: &[&str]) -> anyhow::Result<String> {
-    let mut cmd = Command::new("git");
-    cmd.args([
-        "-c",
-        "init.defaultBranch=main",
-        "-c",
-        "user.name=openflux-e2e",
-        "-c",
-        "user.email=e2e@openflux.invalid",
-        "-c",
-        "commit.gpgsign=false",
-        "-c",
-        "protocol.file.allow=always",
-    ]);
-    if let Some(dir) = dir {
-        cmd.arg("-C").arg(dir);
-    }
-    let out = cmd
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("running git")?;
-    if !out.status.success() {
-        bail!(
-            "git {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-impl Fixtures {
-    /// URL of a file under the static root (`path` relative to it).
-    pub fn http_file_url(&self, path: &str) -> String {
-        format!(
-            "{}/{}",
-            self.http_url.trim_end_matches('/'),
-            path.trim_start_matches('/')
-        )
-    }
-
-    /// Writes a file under the static root (creating directories) and
-    /// returns its URL.
-    pub fn put_file(&self, path: &str, contents: &[u8]) -> anyhow::Result<String> {
-        let dest = self.http_root.join(path.trim_start_matches('/'));
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::write(&dest, contents).with_context(|| format!("writing {}", dest.display()))?;
-        Ok(self.http_file_url(path))
-    }
-
-    /// A repository by name (it need not exist yet).
-    pub fn repo(&self, name: &str) -> GitRepo {
-        GitRepo {
-            name: name.to_string(),
-            path: self.git_root.join(format!("{name}.git")),
-            url: format!("{}/{name}.git", self.git_url.trim_end_matches('/')),
-            branch: "main".to_string(),
-        }
-    }
-
-    /// Creates a new bare repository `<name>.git` whose branch `main` has one
-    /// commit with `files` (path, contents). Returns it and the commit SHA.
-    pub fn create_repo(
-        &self,
-        name: &str,
-        files: &[(&str, &str)],
-    ) -> anyhow::Result<(GitRepo, String)> {
-        let repo = self.repo(name);
-        if repo.path.exists() {
-            bail!("repository {} already exists", repo.path.display());
-        }
-        let path = repo
-            .path
-            .to_str()
-            .ok_or_else(|| anyhow!("non UTF-8 path"))?;
-        git(None, &["init", "-q", "--bare", path])?;
-        let sha = repo.commit(files, &[], "Initial commit")?;
-        Ok((repo, sha))
-    }
-}
-
-impl GitRepo {
-    /// Pushes one commit to the branch that writes `files` (path, contents)
-    /// and removes `remove` (paths); returns the new commit SHA.
-    pub fn commit(
-        &self,
-        files: &[(&str, &str)],
-        remove: &[&str],
-        message: &str,
-    ) -> anyhow::Result<String> {
-        let work = tempfile::tempdir().context("creating a work tree")?;
-        let wt = work.path();
-        let bare = self
-            .path
-            .to_str()
-            .ok_or_else(|| anyhow!("non UTF-8 path"))?;
-        git(Some(wt), &["init", "-q"])?;
-        // An empty repository has no branch yet: start from scratch then.
-        if git(
-            None,
-            &[
-                "--git-dir",
-                bare,
-                "rev-parse",
-                "--verify",
-                "-q",
-                &format!("refs/heads/{}", self.branch),
-            ],
-        )
-        .is_ok()
-        {
-            git(Some(wt), &["fetch", "-q", bare, &self.branch])?;
-            git(
-                Some(wt),
-                &["checkout", "-q", "-B", &self.branch, "FETCH_HEAD"],
-            )?;
-        } else {
-            git(Some(wt), &["checkout", "-q", "-b", &self.branch])?;
-        }
-        for (path, contents) in files {
-            let dest = wt.join(path);
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::write(&dest, contents).with_context(|| format!("writing {path}"))?;
-        }
-        for path in remove {
-            git(Some(wt), &["rm", "-q", "-r", "--ignore-unmatch", path])?;
-        }
-        git(Some(wt), &["add", "-A"])?;
-        git(Some(wt), &["commit", "-q", "--allow-empty", "-m", message])?;
-        git(
-            Some(wt),
-            &[
-                "push",
-                "-q",
-                bare,
-                &format!("HEAD:refs/heads/{}", self.branch),
-            ],
-        )?;
-        git(Some(wt), &["rev-parse", "HEAD"])
-    }
-
-    /// The SHA the branch points at.
-    pub fn head(&self) -> anyhow::Result<String> {
-        let bare = self
-            .path
-            .to_str()
-            .ok_or_else(|| anyhow!("non UTF-8 path"))?;
-        git(
-            None,
-            &[
-                "--git-dir",
-                bare,
-                "rev-parse",
-                &format!("refs/heads/{}", self.branch),
-            ],
-        )
-    }
-
-    /// The revision string Flux reports for the branch head:
-    /// `<branch>@sha1:<sha>`.
-    pub fn flux_revision(&self, sha: &str) -> String {
-        format!("{}@sha1:{sha}", self.branch)
-    }
 }
 
 // ------------------------------------------------------------------ CRDs --

@@ -25,9 +25,7 @@ async fn configmap_message(api: &Api<ConfigMap>, name: &str) -> Option<String> {
 #[tokio::test]
 async fn git_repository_and_kustomization_roll_out_commits() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("git_repository_and_kustomization_roll_out_commits") else {
-        return;
-    };
+    let fx = env.fixtures();
     let ns = env.namespace("harness-git").await;
     let (repo, first) = fx
         .create_repo(
@@ -67,12 +65,11 @@ async fn git_repository_and_kustomization_roll_out_commits() {
     let url = field(&git_repo, "/status/artifact/url")
         .and_then(|u| u.as_str())
         .unwrap_or_default();
-    if let Some(addr) = &fx.source_storage_addr {
-        assert!(
-            url.contains(addr.as_str()),
-            "artifact url {url} is not served by {addr}"
-        );
-    }
+    let addr = &fx.source_storage_addr;
+    assert!(
+        url.contains(addr.as_str()),
+        "artifact url {url} is not served by {addr}"
+    );
 
     env.apply(&json!({
         "apiVersion": "kustomize.toolkit.fluxcd.io/v1",
@@ -219,13 +216,7 @@ async fn garbage_collector_deletes_dependents_of_deleted_owners() {
 #[tokio::test]
 async fn helm_repository_and_release_from_static_server() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("helm_repository_and_release_from_static_server") else {
-        return;
-    };
-    let Some(helm_url) = fx.helm_repo_url.clone() else {
-        eprintln!("SKIPPED helm_repository_and_release_from_static_server: OPENFLUX_E2E_HELM_REPO_URL is not set");
-        return;
-    };
+    let helm_url = env.fixtures().helm_repo_url.clone();
     let ns = env.namespace("harness-helm").await;
     env.apply(&json!({
         "apiVersion": "source.toolkit.fluxcd.io/v1",

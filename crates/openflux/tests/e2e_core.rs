@@ -74,9 +74,7 @@ async fn mirrored_at(env: &Env, ns: &str, sha: &str) -> (DynamicObject, DynamicO
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_repository_is_mirrored_updated_and_collected() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("git_repository_is_mirrored_updated_and_collected") else {
-        return;
-    };
+    let fx = env.fixtures();
     install_crds(&env).await;
     let ns = env.namespace("mirror-git").await;
     let n = ns.name().to_string();
@@ -153,13 +151,7 @@ async fn git_repository_is_mirrored_updated_and_collected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_repository_and_chart_are_mirrored() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("helm_repository_and_chart_are_mirrored") else {
-        return;
-    };
-    let Some(helm_url) = fx.helm_repo_url.clone() else {
-        eprintln!("SKIPPED helm_repository_and_chart_are_mirrored: no Helm repository fixture");
-        return;
-    };
+    let helm_url = env.fixtures().helm_repo_url.clone();
     install_crds(&env).await;
     let ns = env.namespace("mirror-helm").await;
     let n = ns.name().to_string();
@@ -207,9 +199,7 @@ async fn helm_repository_and_chart_are_mirrored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("custom_source_is_exported") else {
-        return;
-    };
+    let fx = env.fixtures();
     install_crds(&env).await;
     let ns = env.namespace("export").await;
     let n = ns.name().to_string();

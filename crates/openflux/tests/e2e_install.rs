@@ -2,20 +2,11 @@
 
 use openflux_testkit as support;
 
-use std::process::Command;
-
 use support::cluster;
 
 /// `kubectl apply -k <dir> --dry-run=server` against the test cluster.
 fn dry_run_apply(env: &support::Env, dir: &str) -> (bool, String) {
-    let kubectl = env.kubectl().unwrap_or_else(|| "kubectl".into());
-    let mut cmd = Command::new(kubectl);
-    cmd.args(["apply", "-k", dir, "--dry-run=server"])
-        .current_dir(support::workspace_root());
-    if let Some(kc) = &env.kubeconfig {
-        cmd.env("KUBECONFIG", kc);
-    }
-    let out = cmd.output().expect("running kubectl");
+    let out = env.run_kubectl(&["apply", "-k", dir, "--dry-run=server"], None);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -6,7 +6,6 @@
 use openflux_testkit as support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -144,41 +143,14 @@ async fn dry_run(env: &Env, obj: &Value) -> anyhow::Result<DynamicObject> {
         .await?)
 }
 
-/// `kubectl apply -f -` of `obj`: (success, stdout, stderr); `None` when no
-/// kubectl is known for the cluster.
-async fn kubectl_apply(env: &Env, obj: &Value) -> Option<(bool, String, String)> {
-    let kubectl = env.kubectl()?;
-    let kubeconfig = env.kubeconfig.clone();
+/// `kubectl apply -f -` of `obj`: (success, stdout, stderr).
+fn kubectl_apply(env: &Env, obj: &Value) -> (bool, String, String) {
     let input = obj.to_string();
-    let run = move || {
-        use std::io::Write;
-        let mut cmd = std::process::Command::new(kubectl);
-        if let Some(kc) = &kubeconfig {
-            cmd.arg("--kubeconfig").arg(kc);
-        }
-        let mut child = cmd
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running kubectl");
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin
-            .write_all(input.as_bytes())
-            .expect("writing to kubectl");
-        drop(stdin);
-        let out = child.wait_with_output().expect("kubectl output");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
-    Some(
-        tokio::task::spawn_blocking(run)
-            .await
-            .expect("kubectl thread"),
+    let out = tokio::task::block_in_place(|| env.run_kubectl(&["apply", "-f", "-"], Some(&input)));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
 
@@ -330,9 +302,7 @@ async fn stock_references_are_untouched_with_openflux_running_or_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("custom_reference_is_rewritten") else {
-        return;
-    };
+    let fx = env.fixtures();
     let (ns, n, of, _webhook) = set_up(&env, "wh-rewrite", &[]).await;
     publish_source(
         &env,
@@ -383,15 +353,14 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
         again.annotations().get(ANNOTATION),
         ks.annotations().get(ANNOTATION)
     );
-    if let Some((ok, _, stderr)) = kubectl_apply(&env, &manifest).await {
-        assert!(ok, "{stderr}");
-        let after = env
-            .find(KUSTOMIZE, "Kustomization", &n, "web")
-            .await
-            .expect("Kustomization");
-        assert_eq!(after.metadata.generation, ks.metadata.generation);
-        assert_eq!(field(&after, "/spec"), field(&ks, "/spec"));
-    }
+    let (ok, _, stderr) = kubectl_apply(&env, &manifest);
+    assert!(ok, "{stderr}");
+    let after = env
+        .find(KUSTOMIZE, "Kustomization", &n, "web")
+        .await
+        .expect("Kustomization");
+    assert_eq!(after.metadata.generation, ks.metadata.generation);
+    assert_eq!(field(&after, "/spec"), field(&ks, "/spec"));
     let rewritten = of
         .metric(
             "openflux_admission_requests_total{consumer=\"kustomizations\",outcome=\"rewritten\"}",
@@ -404,27 +373,16 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_created_before_its_source_warns_then_becomes_ready() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("reference_created_before_its_source") else {
-        return;
-    };
+    let fx = env.fixtures();
     let (ns, n, _of, _webhook) = set_up(&env, "wh-later", &[]).await;
 
     let manifest = kustomization(&n, "later", json!({"kind": "TestSource", "name": "later"}));
-    match kubectl_apply(&env, &manifest).await {
-        Some((ok, _, stderr)) => {
-            assert!(ok, "{stderr}");
-            let warning = format!(
-                "TestSource {n}/later has no Artifact yet; Flux will wait until openflux exports ExternalArtifact {n}/testsource-later"
-            );
-            assert!(stderr.contains(&warning), "{stderr}");
-        }
-        None => {
-            eprintln!("no kubectl for this cluster: not checking the admission warning");
-            env.apply(&manifest)
-                .await
-                .expect("creating the Kustomization");
-        }
-    }
+    let (ok, _, stderr) = kubectl_apply(&env, &manifest);
+    assert!(ok, "{stderr}");
+    let warning = format!(
+        "TestSource {n}/later has no Artifact yet; Flux will wait until openflux exports ExternalArtifact {n}/testsource-later"
+    );
+    assert!(stderr.contains(&warning), "{stderr}");
     let ks = env
         .find(KUSTOMIZE, "Kustomization", &n, "later")
         .await
@@ -459,9 +417,7 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
     let env = cluster().await;
-    let Some(fx) = env.fixtures_or_skip("helm_release_chart_ref_to_a_custom_source") else {
-        return;
-    };
+    let fx = env.fixtures();
     let (ns, n, _of, _webhook) = set_up(&env, "wh-helm", &[]).await;
     // helm-controller takes the chart version from the artifact revision.
     let spec = publish(

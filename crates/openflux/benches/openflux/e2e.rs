@@ -50,12 +50,10 @@ pub async fn run(
     wait_cleanup: bool,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let Some(fx) = env.fixtures.clone() else {
-        report.note(
-            "end to end skipped: the cluster has no loopback fixtures (OPENFLUX_E2E_GIT_URL, OPENFLUX_E2E_HTTP_URL, ...)",
-        );
-        return Ok(());
-    };
+    let fx = env
+        .try_fixtures()
+        .map_err(|why| anyhow::anyhow!("the end-to-end benchmark cannot run: {why}"))?
+        .clone();
     cluster::install_crds(env).await?;
     report.param("e2e.samples", samples);
     let ns = env.namespace("bench-e2e").await;
