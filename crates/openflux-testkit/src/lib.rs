@@ -17,6 +17,7 @@
 
 pub mod fixtures;
 pub mod openflux;
+pub mod webhook;
 
 pub use fixtures::{Fixtures, GitRepo, FIXTURE_VARIABLES};
 

@@ -100,19 +100,7 @@ impl Openflux {
 
     /// Stops the process with SIGTERM and waits (bounded) for it to exit.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        for _ in 0..100 {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = child.kill();
-        child.wait().ok()
+        stop_child(self.child.take()?)
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
@@ -208,4 +196,20 @@ pub fn publish(
     serde_json::json!({
         "url": url, "revision": format!("{version}@{digest}"), "digest": digest, "size": bytes.len(),
     })
+}
+
+/// Stops a child process: SIGTERM, a bounded wait (10 s), then SIGKILL.
+pub fn stop_child(mut child: Child) -> Option<std::process::ExitStatus> {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    for _ in 0..100 {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    child.wait().ok()
 }

@@ -335,112 +335,33 @@ mod tests {
         use ExportMode::*;
         use OciVersion::*;
         let v1 = Some(V1);
+        #[rustfmt::skip]
         let rows: Vec<(ExportMode, ClusterFacts, ConsumerFacts, Option<Target>)> = vec![
             // Flux 2.9 with the defaults: gate off, shadow v1.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::Off),
-                Some(Target::Shadow(V1)),
-            ),
-            (
-                Auto,
-                flux(true, v1),
-                consumer("HelmRelease", Some(HR_29), Gate::Off),
-                Some(Target::Shadow(V1)),
-            ),
+            (Auto, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::Off), Some(Target::Shadow(V1))),
+            (Auto, flux(true, v1), consumer("HelmRelease", Some(HR_29), Gate::Off), Some(Target::Shadow(V1))),
             // Gate on: ExternalArtifact.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::On),
-                Some(Target::ExternalArtifact),
-            ),
-            (
-                Auto,
-                flux(true, v1),
-                consumer("HelmRelease", Some(HR_29), Gate::On),
-                Some(Target::ExternalArtifact),
-            ),
+            (Auto, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::On), Some(Target::ExternalArtifact)),
+            (Auto, flux(true, v1), consumer("HelmRelease", Some(HR_29), Gate::On), Some(Target::ExternalArtifact)),
             // A gate openflux cannot see is treated as off.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::Unknown),
-                Some(Target::Shadow(V1)),
-            ),
+            (Auto, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::Unknown), Some(Target::Shadow(V1))),
             // source-watcher v2.1+: no gate.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("ArtifactGenerator", Some(AG_21), Gate::NotGated),
-                Some(Target::ExternalArtifact),
-            ),
+            (Auto, flux(true, v1), consumer("ArtifactGenerator", Some(AG_21), Gate::NotGated), Some(Target::ExternalArtifact)),
             // source-watcher v2.0 (Flux 2.7) does not list ExternalArtifact.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("ArtifactGenerator", Some(AG_20), Gate::NotGated),
-                Some(Target::Shadow(V1)),
-            ),
+            (Auto, flux(true, v1), consumer("ArtifactGenerator", Some(AG_20), Gate::NotGated), Some(Target::Shadow(V1))),
             // Flux 2.3 to 2.5: no ExternalArtifact, OCIRepository v1beta2 only.
-            (
-                Auto,
-                flux(false, Some(V1beta2)),
-                consumer("Kustomization", Some(KS_23), Gate::Off),
-                Some(Target::Shadow(V1beta2)),
-            ),
-            (
-                Auto,
-                flux(false, Some(V1beta2)),
-                consumer("Kustomization", Some(KS_23), Gate::On),
-                Some(Target::Shadow(V1beta2)),
-            ),
+            (Auto, flux(false, Some(V1beta2)), consumer("Kustomization", Some(KS_23), Gate::Off), Some(Target::Shadow(V1beta2))),
+            (Auto, flux(false, Some(V1beta2)), consumer("Kustomization", Some(KS_23), Gate::On), Some(Target::Shadow(V1beta2))),
             // A schema without an enum accepts any kind.
-            (
-                Auto,
-                flux(true, v1),
-                consumer("Stack", None, Gate::NotGated),
-                Some(Target::ExternalArtifact),
-            ),
+            (Auto, flux(true, v1), consumer("Stack", None, Gate::NotGated), Some(Target::ExternalArtifact)),
             // Forced modes.
-            (
-                Shadow,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::On),
-                Some(Target::Shadow(V1)),
-            ),
-            (
-                ExternalArtifact,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::On),
-                Some(Target::ExternalArtifact),
-            ),
-            (
-                ExternalArtifact,
-                flux(true, v1),
-                consumer("Kustomization", Some(KS_29), Gate::Off),
-                None,
-            ),
-            (
-                ExternalArtifact,
-                flux(false, Some(V1beta2)),
-                consumer("Kustomization", Some(KS_23), Gate::On),
-                None,
-            ),
-            (
-                Shadow,
-                flux(true, None),
-                consumer("Kustomization", Some(KS_29), Gate::On),
-                None,
-            ),
+            (Shadow, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::On), Some(Target::Shadow(V1))),
+            (ExternalArtifact, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::On), Some(Target::ExternalArtifact)),
+            (ExternalArtifact, flux(true, v1), consumer("Kustomization", Some(KS_29), Gate::Off), None),
+            (ExternalArtifact, flux(false, Some(V1beta2)), consumer("Kustomization", Some(KS_23), Gate::On), None),
+            (Shadow, flux(true, None), consumer("Kustomization", Some(KS_29), Gate::On), None),
             // No Flux at all.
-            (
-                Auto,
-                flux(false, None),
-                consumer("Kustomization", Some(KS_29), Gate::Off),
-                None,
-            ),
+            (Auto, flux(false, None), consumer("Kustomization", Some(KS_29), Gate::Off), None),
         ];
         for (i, (mode, cluster, consumer, want)) in rows.into_iter().enumerate() {
             let got = choose(mode, &cluster, &consumer);

@@ -5,15 +5,13 @@
 
 use openflux_testkit as support;
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::ResourceExt;
 use serde_json::{json, Value};
 use support::openflux::{free_addr, publish, Openflux};
+use support::webhook::{local_webhook, Webhook};
 use support::{cluster, field, ready_condition, wait_for, Env, Fixtures, TestNamespace, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
@@ -23,7 +21,6 @@ const HELM: &str = "helm.toolkit.fluxcd.io/v2";
 const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
 const ALT_SOURCE: &str = "alt.e2e.openflux.dev/v1";
 const ANNOTATION: &str = "openflux.dev/source-ref";
-const LOCAL_WEBHOOK: &str = include_str!("../../../webhook-config/local/mutating-webhook.yaml");
 
 async fn install_crds(env: &Env) {
     support::install_artifact_crd(env).await;
@@ -41,62 +38,11 @@ async fn install_crds(env: &Env) {
     .await;
 }
 
-/// The test's MutatingWebhookConfiguration, deleted on drop.
-struct Webhook {
-    name: String,
-    config: kube::Config,
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        let config = self.config.clone();
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async {
-                if let Ok(client) = Client::try_from(config) {
-                    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(10),
-                        api.delete(&name, &DeleteParams::default()),
-                    )
-                    .await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-/// The shipped local webhook configuration, pointed at `addr` and limited
-/// to namespace `ns`.
-async fn webhook_configuration(env: &Env, ns: &str, addr: SocketAddr) -> Webhook {
-    let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
-    let name = format!("openflux-e2e-{ns}");
-    config["metadata"]["name"] = json!(name);
-    for webhook in config["webhooks"].as_array_mut().expect("webhooks") {
-        webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
-        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    }
-    env.apply(&config)
-        .await
-        .expect("creating the webhook configuration");
-    Webhook {
-        name,
-        config: env.config.clone(),
-    }
-}
-
 /// Starts openflux for namespace `ns` with its webhook on a free port, and
 /// waits until the CA bundle is in the webhook configuration.
 async fn start(env: &Env, ns: &str, extra: &[&str]) -> (Openflux, Webhook) {
     let addr = free_addr();
-    let webhook = webhook_configuration(env, ns, addr).await;
+    let webhook = local_webhook(env, "openflux-e2e", ns, addr).await;
     let mut args = vec![
         "--watch-all-namespaces=false".to_string(),
         format!("--namespace={ns}"),

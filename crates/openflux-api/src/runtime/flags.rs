@@ -107,27 +107,13 @@ pub enum LogEncoding {
 pub struct LeaderElectionArgs {
     /// Enable leader election for controller manager. Enabling this will
     /// ensure there is only one active controller manager.
-    #[arg(
-        long,
-        default_value = "false",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool
-    )]
+    #[rustfmt::skip]
+    #[arg(long, default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_leader_election: bool,
     /// Defines if the leader should step down voluntarily on controller
     /// manager shutdown.
-    #[arg(
-        long,
-        default_value = "true",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool
-    )]
+    #[rustfmt::skip]
+    #[arg(long, default_value = "true", action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub leader_election_release_on_cancel: bool,
     /// Interval at which non-leader candidates will wait to force acquire
     /// leadership (duration string).
@@ -148,15 +134,8 @@ pub struct LeaderElectionArgs {
 pub struct WatchArgs {
     /// Watch for resources in all namespaces, if set to false it will only
     /// watch the runtime namespace.
-    #[arg(
-        long,
-        default_value = "true",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool
-    )]
+    #[rustfmt::skip]
+    #[arg(long, default_value = "true", action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub watch_all_namespaces: bool,
     /// Watch for resources with matching labels e.g.
     /// 'sharding.fluxcd.io/shard=shard1'.

@@ -4,14 +4,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::api::{Api, DeleteParams};
 use openflux::certs::{self, Authority, DEFAULT_CERT_VALIDITY};
+use openflux_testkit::webhook::{local_webhook, Webhook};
 use openflux_testkit::Env;
-use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const LOCAL_WEBHOOK: &str = include_str!("../../../../webhook-config/local/mutating-webhook.yaml");
 
 /// The kubeconfig of the test cluster (self-contained: certificates inline).
 pub fn kubeconfig(env: &Env) -> Vec<u8> {
@@ -23,47 +19,10 @@ pub fn kubeconfig(env: &Env) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The test's MutatingWebhookConfiguration, deleted on drop.
-pub struct Webhook {
-    pub name: String,
-    config: kube::Config,
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        let (config, name) = (self.config.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let (Ok(rt), Ok(client)) = (rt, kube::Client::try_from(config)) {
-                rt.block_on(async {
-                    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                });
-            }
-        })
-        .join();
-    }
-}
-
 /// The shipped local webhook configuration, pointed at `addr` and limited
 /// to namespace `ns`.
 pub async fn webhook_configuration(env: &Env, ns: &str, addr: SocketAddr) -> Webhook {
-    let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
-    let name = format!("openflux-image-{ns}");
-    config["metadata"]["name"] = json!(name);
-    for webhook in config["webhooks"].as_array_mut().expect("webhooks") {
-        webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
-        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
-    }
-    env.apply(&config)
-        .await
-        .expect("creating the webhook configuration");
-    Webhook {
-        name,
-        config: env.config.clone(),
-    }
+    local_webhook(env, "openflux-image", ns, addr).await
 }
 
 /// Serves `body` at every path over HTTPS on 127.0.0.1 with a certificate

@@ -96,19 +96,7 @@ impl Rooted {
 
     /// SIGTERM, then a bounded wait, then kill.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        for _ in 0..100 {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = child.kill();
-        child.wait().ok()
+        openflux_testkit::openflux::stop_child(self.child.take()?)
     }
 }
 

@@ -1,0 +1,61 @@
+//! A MutatingWebhookConfiguration of a test's own: the shipped local one,
+//! pointed at the test's openflux and limited to the test's namespace, and
+//! deleted when dropped, so tests never see each other's webhooks.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::api::{Api, DeleteParams};
+use serde_json::{json, Value};
+
+use crate::Env;
+
+const LOCAL_WEBHOOK: &str = include_str!("../../../webhook-config/local/mutating-webhook.yaml");
+
+/// The test's MutatingWebhookConfiguration, deleted on drop.
+pub struct Webhook {
+    pub name: String,
+    config: kube::Config,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        let (config, name) = (self.config.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let (Ok(rt), Ok(client)) = (rt, kube::Client::try_from(config)) {
+                rt.block_on(async {
+                    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        api.delete(&name, &DeleteParams::default()),
+                    )
+                    .await;
+                });
+            }
+        })
+        .join();
+    }
+}
+
+/// Applies the shipped local webhook configuration as `<prefix>-<ns>`,
+/// pointed at `addr` and limited to namespace `ns`.
+pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) -> Webhook {
+    let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
+    let name = format!("{prefix}-{ns}");
+    config["metadata"]["name"] = json!(name);
+    for webhook in config["webhooks"].as_array_mut().expect("webhooks") {
+        webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
+        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    }
+    env.apply(&config)
+        .await
+        .expect("creating the webhook configuration");
+    Webhook {
+        name,
+        config: env.config.clone(),
+    }
+}
