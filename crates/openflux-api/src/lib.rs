@@ -5,6 +5,12 @@
 //! `status`. The spec carries the same fields, under the same JSON names, as
 //! the artifact of a Flux source's `.status.artifact`, so values copy 1:1.
 
+pub mod duration;
+#[cfg(feature = "producer")]
+pub mod producer;
+#[cfg(feature = "runtime")]
+pub mod runtime;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

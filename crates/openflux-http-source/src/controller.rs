@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
@@ -20,6 +20,11 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
+use openflux_api::duration;
+use openflux_api::producer::archive::{ArchiveError, IgnoreRules};
+use openflux_api::producer::digest::{Algorithm, Digest};
+use openflux_api::producer::storage::{Retention, Storage};
+use openflux_api::producer::{PublishError, Publisher};
 use openflux_api::{Artifact, ArtifactSpec};
 use tracing::{debug, info, instrument, warn};
 
@@ -27,13 +32,11 @@ use crate::api::{
     reason, ArtifactSummary, HttpSource, HttpSourceSpec, HttpSourceStatus, API_VERSION, KIND,
     REQUESTED_AT_ANNOTATION,
 };
-use crate::archive::{self, ArchiveError, IgnoreRules};
-use crate::duration;
+use crate::archive;
 use crate::fetch::{self, Auth, FetchError, Fetched, Remembered};
 use crate::metrics::{self, Health, Metrics};
 use crate::schedule::{self, Attempt, Triggers};
 use crate::status::{self, Outcome};
-use crate::storage::{Retention, Storage};
 
 /// Field manager of every write this controller makes.
 pub const FIELD_MANAGER: &str = "openflux-http-source";
@@ -46,6 +49,8 @@ const API_ERROR_REQUEUE: Duration = Duration::from_secs(5);
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
     #[error("HttpSource has no namespace or uid")]
     Incomplete,
 }
@@ -55,6 +60,8 @@ pub struct Context {
     pub client: Client,
     pub http: reqwest::Client,
     pub storage: Storage,
+    /// Writes the Artifacts.
+    pub publisher: Publisher,
     /// Who publishes Events. A Recorder is made per Event: a shared one would
     /// fold Events of the same reason into one series and keep the first
     /// note ("stored artifact with revision A" for revision B); Events are
@@ -88,6 +95,7 @@ impl Context {
         retention: Retention,
     ) -> Self {
         Context {
+            publisher: Publisher::new(client.clone(), FIELD_MANAGER),
             client,
             http,
             storage,
@@ -122,6 +130,8 @@ pub struct Plan {
     pub interval: Duration,
     pub timeout: Duration,
     pub ignore: IgnoreRules,
+    /// The expected digest of the artifact.
+    pub digest: Option<Digest>,
 }
 
 /// Validates a spec. The CRD schema checks most of it; this also covers
@@ -139,22 +149,20 @@ pub fn plan(spec: &HttpSourceSpec) -> Result<Plan, String> {
     if timeout.is_zero() {
         return Err("timeout must be greater than zero".into());
     }
-    if let Some(d) = &spec.digest {
-        let valid = d.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64
-                && h.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
-        if !valid {
-            return Err(format!("digest {d:?} is not sha256:<64 lowercase hex>"));
-        }
-    }
+    let digest = match &spec.digest {
+        Some(d) => match d.parse::<Digest>() {
+            Ok(digest) if digest.algorithm() == Algorithm::Sha256 => Some(digest),
+            _ => return Err(format!("digest {d:?} is not sha256:<64 lowercase hex>")),
+        },
+        None => None,
+    };
     let ignore = IgnoreRules::parse(spec.ignore.as_deref())?;
     Ok(Plan {
         url,
         interval,
         timeout,
         ignore,
+        digest,
     })
 }
 
@@ -190,36 +198,22 @@ fn archive_failure(e: ArchiveError) -> Failure {
     match e {
         ArchiveError::Invalid(m) => Failure::new(reason::INVALID_ARTIFACT, m, Retry::Interval),
         ArchiveError::Rejected(m) => Failure::new(reason::ARCHIVE_REJECTED, m, Retry::Interval),
+        ArchiveError::Unreadable(m) => Failure::new(reason::INVALID_ARTIFACT, m, Retry::Interval),
     }
 }
 
-/// The Artifact an HttpSource publishes: same namespace and name, controller
-/// ownerReference to the HttpSource.
-pub fn artifact_for(hs: &HttpSource, summary: &ArtifactSummary) -> Result<Artifact, Error> {
-    let name = hs.name_any();
-    let owner = OwnerReference {
-        api_version: API_VERSION.to_string(),
-        kind: KIND.to_string(),
-        name: name.clone(),
-        uid: hs.uid().ok_or(Error::Incomplete)?,
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
-    let mut artifact = Artifact::new(
-        &name,
-        ArtifactSpec {
-            url: summary.url.clone(),
-            revision: summary.revision.clone(),
-            digest: Some(summary.digest.clone()),
-            path: Some(summary.path.clone()),
-            size: Some(summary.size),
-            last_update_time: Some(summary.last_update_time.clone()),
-            metadata: None,
-        },
-    );
-    artifact.metadata.namespace = hs.namespace();
-    artifact.metadata.owner_references = Some(vec![owner]);
-    Ok(artifact)
+/// The Artifact spec an HttpSource publishes (under its own name, owned by
+/// it: see `openflux_api::producer::publish`).
+pub fn artifact_spec(summary: &ArtifactSummary) -> ArtifactSpec {
+    ArtifactSpec {
+        url: summary.url.clone(),
+        revision: summary.revision.clone(),
+        digest: Some(summary.digest.clone()),
+        path: Some(summary.path.clone()),
+        size: Some(summary.size),
+        last_update_time: Some(summary.last_update_time.clone()),
+        metadata: None,
+    }
 }
 
 /// Hash of what should trigger a reconcile: a new generation or a new
@@ -351,7 +345,7 @@ async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<(Action, boo
     .await;
     let result = match fetched {
         Ok((summary, new_remembered)) => match apply_artifact(hs, ctx, &summary).await {
-            Ok(()) => Ok((summary, new_remembered)),
+            Ok(_) => Ok((summary, new_remembered)),
             Err(e) => Err(Failure::new(
                 reason::ARTIFACT_WRITE_FAILED,
                 format!("cannot write Artifact: {e}"),
@@ -514,17 +508,23 @@ async fn fetch_and_store(
                 )
             })?
             .map_err(archive_failure)?;
-    archive::verify_digest(&packed.digest, hs.spec.digest.as_deref())
-        .map_err(|m| Failure::new(reason::DIGEST_MISMATCH, m, Retry::Interval))?;
+    if let Some(expected) = &plan.digest {
+        expected
+            .verify(&packed.bytes)
+            .map_err(|e| Failure::new(reason::DIGEST_MISMATCH, e.to_string(), Retry::Interval))?;
+    }
 
-    let path = Storage::relative_path(ns, &hs.name_any(), packed.hex());
-    ctx.storage.store(&path, &packed.bytes).await.map_err(|e| {
-        Failure::new(
-            reason::STORAGE_OPERATION_FAILED,
-            format!("cannot store artifact: {e}"),
-            Retry::Backoff,
-        )
-    })?;
+    let path = ctx
+        .storage
+        .store_packed(ns, &hs.name_any(), &packed)
+        .await
+        .map_err(|e| {
+            Failure::new(
+                reason::STORAGE_OPERATION_FAILED,
+                format!("cannot store artifact: {e}"),
+                Retry::Backoff,
+            )
+        })?;
     let unchanged = published.filter(|p| p.digest == packed.digest);
     if unchanged.is_none() {
         ctx.metrics.artifacts_stored.inc();
@@ -552,17 +552,12 @@ async fn apply_artifact(
     hs: &HttpSource,
     ctx: &Context,
     summary: &ArtifactSummary,
-) -> Result<(), Error> {
-    let artifact = artifact_for(hs, summary)?;
-    let ns = hs.namespace().ok_or(Error::Incomplete)?;
-    let api: Api<Artifact> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch(
-        &hs.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&artifact),
-    )
-    .await?;
-    Ok(())
+) -> Result<Artifact, Error> {
+    let name = hs.name_any();
+    Ok(ctx
+        .publisher
+        .publish(hs, &name, artifact_spec(summary))
+        .await?)
 }
 
 /// Writes the status an outcome implies (when it differs) and emits Events.
@@ -777,35 +772,23 @@ mod tests {
             size: 42,
             last_update_time: Time(Timestamp::from_second(1_700_000_000).unwrap()),
         };
-        let artifact = artifact_for(&hs, &summary).unwrap();
+        let artifact =
+            openflux_api::producer::artifact_for(&hs, "app", artifact_spec(&summary)).unwrap();
         let json = serde_json::to_value(&artifact).unwrap();
         assert_eq!(
-            json,
-            serde_json::json!({
-                "apiVersion": "openflux.dev/v1alpha1",
-                "kind": "Artifact",
-                "metadata": {
-                    "name": "app",
-                    "namespace": "team",
-                    "ownerReferences": [{
-                        "apiVersion": "sources.openflux.dev/v1alpha1",
-                        "kind": "HttpSource",
-                        "name": "app",
-                        "uid": "u-1",
-                        "controller": true,
-                        "blockOwnerDeletion": true
-                    }]
-                },
-                "spec": {
-                    "url": "http://storage/team/app/ab.tar.gz",
-                    "revision": "sha256:ab",
-                    "digest": "sha256:ab",
-                    "path": "team/app/ab.tar.gz",
-                    "size": 42,
-                    "lastUpdateTime": "2023-11-14T22:13:20Z"
-                }
-            })
+            json["metadata"]["ownerReferences"],
+            serde_json::json!([{
+                "apiVersion": "sources.openflux.dev/v1alpha1",
+                "kind": "HttpSource",
+                "name": "app",
+                "uid": "u-1",
+                "controller": true,
+                "blockOwnerDeletion": true
+            }])
         );
+        assert_eq!(json["metadata"]["namespace"], "team");
+        assert_eq!(json["spec"]["digest"], "sha256:ab");
+        assert_eq!(json["spec"]["lastUpdateTime"], "2023-11-14T22:13:20Z");
     }
 
     #[test]

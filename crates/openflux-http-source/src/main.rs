@@ -8,12 +8,10 @@
 mod api;
 mod archive;
 mod controller;
-mod duration;
 mod fetch;
 mod metrics;
 mod schedule;
 mod status;
-mod storage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,7 +28,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::controller::Context;
 use crate::metrics::{Health, Metrics};
-use crate::storage::{Retention, Storage};
+use openflux_api::duration;
+use openflux_api::producer::archive::IgnoreRules;
+use openflux_api::producer::storage::{Retention, Storage};
 
 /// The HttpSource controller: fetches tar.gz archives or YAML files over
 /// HTTP(S) and publishes them as openflux Artifacts.
@@ -164,8 +164,7 @@ async fn main() -> anyhow::Result<()> {
                 .and_then(|u| reqwest::Url::parse(u).ok())
                 .map(|u| u.path().to_string())
                 .unwrap_or_else(|| file.to_string_lossy().into_owned());
-            let rules =
-                archive::IgnoreRules::parse(ignore.as_deref()).map_err(anyhow::Error::msg)?;
+            let rules = IgnoreRules::parse(ignore.as_deref()).map_err(anyhow::Error::msg)?;
             let packed = archive::build(&bytes, &url_path, &rules, max_artifact_size)?;
             println!("{}", packed.digest);
             Ok(())

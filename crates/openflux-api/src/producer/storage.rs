@@ -1,9 +1,12 @@
 //! Artifact storage on local disk and the HTTP server that serves it.
 //!
-//! Layout: `<root>/<namespace>/<name>/<digest-hex>.tar.gz`, written through a
-//! temporary file and a rename so a reader never sees a partial file. The
-//! server answers `GET /<namespace>/<name>/<digest-hex>.tar.gz`; URLs are
-//! advertised under `--storage-adv-addr`, as Flux's source-controller does.
+//! Layout: `<root>/<namespace>/<name>/<digest-hex>.tar.gz` (content
+//! addressed: one file per distinct artifact of a source), written through
+//! a temporary file and a rename so a reader never sees a partial file. The
+//! server answers `GET /<namespace>/<name>/<digest-hex>.tar.gz` with the
+//! digest as ETag; URLs are advertised under an address of the caller's
+//! choosing (Flux's `--storage-adv-addr`), as Flux's source-controller does.
+//! Superseded files are kept by Flux's rules ([`Retention`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+
+use super::archive::Packed;
 
 /// Where artifacts live and how they are addressed.
 #[derive(Debug, Clone)]
@@ -92,6 +97,19 @@ impl Storage {
             let _ = tokio::fs::remove_file(&tmp).await;
         }
         written
+    }
+
+    /// Stores a packed artifact of source `namespace`/`name` under its
+    /// digest and returns its storage-relative path.
+    pub async fn store_packed(
+        &self,
+        namespace: &str,
+        name: &str,
+        packed: &Packed,
+    ) -> io::Result<String> {
+        let relative = Self::relative_path(namespace, name, packed.hex());
+        self.store(&relative, &packed.bytes).await?;
+        Ok(relative)
     }
 
     /// Removes old files of one source (see [`gc_plan`]); returns how many.
@@ -363,6 +381,13 @@ mod tests {
         assert_eq!(
             storage.sources().await.unwrap(),
             [("ns".to_string(), "src".to_string())]
+        );
+        let packed = crate::producer::pack(&[]).unwrap();
+        let other = storage.store_packed("ns", "src", &packed).await.unwrap();
+        assert_eq!(other, format!("ns/src/{}.tar.gz", packed.hex()));
+        assert_eq!(
+            std::fs::read(dir.path().join(&other)).unwrap(),
+            packed.bytes
         );
         storage.remove_source("ns", "src").await.unwrap();
         assert!(storage.sources().await.unwrap().is_empty());

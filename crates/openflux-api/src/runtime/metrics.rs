@@ -1,0 +1,399 @@
+//! Metrics under the names and labels Flux's controllers export, so Flux's
+//! Grafana dashboards and alerts find the objects.
+//!
+//! controller-runtime's reconcile metrics (label `controller`: the lower-cased
+//! kind, e.g. `httpsource`):
+//!
+//! - `controller_runtime_reconcile_total{controller,result}`, `result` one
+//!   of `success`, `error`, `requeue`, `requeue_after`;
+//! - `controller_runtime_reconcile_errors_total{controller}`;
+//! - `controller_runtime_reconcile_time_seconds{controller}`, a histogram
+//!   with controller-runtime's buckets (5ms to 60s);
+//! - `controller_runtime_max_concurrent_reconciles{controller}` and
+//!   `controller_runtime_active_workers{controller}`.
+//!
+//! `fluxcd/pkg/runtime/metrics` at the version the pinned Flux controllers
+//! use defines three `gotk_*` metrics, with labels `kind`, `name` and
+//! `namespace` of the object (Prometheus renames `namespace` to
+//! `exported_namespace` when it scrapes, as Flux's dashboards expect):
+//!
+//! - `gotk_reconcile_duration_seconds`, a histogram with 10 buckets from
+//!   10ms to 30m: recorded by every reconcile (the stock controllers record
+//!   only this one);
+//! - `gotk_suspend_status` (1 while `spec.suspend` is true) and
+//!   `gotk_reconcile_condition{type,status}` (1 for the condition's current
+//!   status, 0 for the others): still defined, no longer recorded by the
+//!   stock controllers, offered here for controllers that want them.
+//!
+//! The series of a deleted object are removed. `gotk_resource_info`, which
+//! Flux's cluster dashboard counts objects with, is not exported by any
+//! controller: kube-state-metrics makes it from the objects' status with a
+//! custom resource state configuration (see `docs/http-source.md` for the
+//! one of HttpSource).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets_range, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::ControllerId;
+
+/// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`.
+pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// The condition types Flux records in `gotk_reconcile_condition`.
+pub const CONDITION_TYPES: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
+
+/// How a reconcile ended, in controller-runtime's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileResult {
+    /// Done; nothing scheduled.
+    Success,
+    /// Failed (counted in the errors too).
+    Error,
+    /// Requeued at once, rate limited.
+    Requeue,
+    /// Requeued after a delay (a Flux reconciler's usual success: the next
+    /// run on the interval).
+    RequeueAfter,
+}
+
+impl ReconcileResult {
+    /// The `result` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error => "error",
+            ReconcileResult::Requeue => "requeue",
+            ReconcileResult::RequeueAfter => "requeue_after",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    controller: String,
+    result: &'static str,
+}
+
+/// The object labels of the `gotk_*` metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabels {
+    pub kind: String,
+    pub name: String,
+    pub namespace: String,
+}
+
+impl ObjectLabels {
+    /// The labels of `obj`.
+    pub fn of<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Self {
+        use kube::ResourceExt;
+        ObjectLabels {
+            kind: K::kind(&()).into_owned(),
+            name: obj.name_any(),
+            namespace: obj.namespace().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    kind: String,
+    name: String,
+    namespace: String,
+    #[prometheus(flatten)]
+    condition: ConditionType,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionType {
+    r#type: String,
+    status: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn reconcile_time() -> Histogram {
+    Histogram::new(RECONCILE_TIME_BUCKETS)
+}
+
+/// Buckets of `gotk_reconcile_duration_seconds`:
+/// `prometheus.ExponentialBucketsRange(10e-3, 1800, 10)`.
+fn gotk_duration() -> Histogram {
+    Histogram::new(exponential_buckets_range(10e-3, 1800.0, 10))
+}
+
+struct Inner {
+    reconcile_total: Family<ResultLabels, Counter>,
+    reconcile_errors: Family<ControllerLabel, Counter>,
+    reconcile_time: HistogramFamily<ControllerLabel>,
+    max_concurrent: Family<ControllerLabel, Gauge>,
+    active_workers: Family<ControllerLabel, Gauge>,
+    duration: HistogramFamily<ObjectLabels>,
+    suspend: Family<ObjectLabels, Gauge>,
+    condition: Family<ConditionLabels, Gauge>,
+}
+
+/// The metrics of all controllers of a process.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+impl Metrics {
+    /// Registers the metrics in `registry` (without prefix: the names are
+    /// Flux's).
+    pub fn register(registry: &mut Registry) -> Self {
+        let inner = Inner {
+            reconcile_total: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_time: Family::new_with_constructor(reconcile_time),
+            max_concurrent: Family::default(),
+            active_workers: Family::default(),
+            duration: Family::new_with_constructor(gotk_duration),
+            suspend: Family::default(),
+            condition: Family::default(),
+        };
+        registry.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            inner.reconcile_total.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            inner.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            inner.reconcile_time.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            inner.max_concurrent.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            inner.active_workers.clone(),
+        );
+        registry.register(
+            "gotk_reconcile_duration_seconds",
+            "The duration in seconds of a GitOps Toolkit resource reconciliation.",
+            inner.duration.clone(),
+        );
+        registry.register(
+            "gotk_suspend_status",
+            "The current suspend status of a GitOps Toolkit resource.",
+            inner.suspend.clone(),
+        );
+        registry.register(
+            "gotk_reconcile_condition",
+            "The current condition status of a GitOps Toolkit resource reconciliation.",
+            inner.condition.clone(),
+        );
+        Metrics(Arc::new(inner))
+    }
+
+    /// The metrics of one controller, with its series at zero (as
+    /// controller-runtime starts them) and its concurrency recorded.
+    pub fn controller(&self, id: &ControllerId, max_concurrent: u16) -> ControllerMetrics {
+        let label = ControllerLabel {
+            controller: id.name.clone(),
+        };
+        for result in [
+            ReconcileResult::Error,
+            ReconcileResult::RequeueAfter,
+            ReconcileResult::Requeue,
+            ReconcileResult::Success,
+        ] {
+            let _ = self.0.reconcile_total.get_or_create(&ResultLabels {
+                controller: id.name.clone(),
+                result: result.label(),
+            });
+        }
+        let _ = self.0.reconcile_errors.get_or_create(&label);
+        self.0.active_workers.get_or_create(&label).set(0);
+        self.0
+            .max_concurrent
+            .get_or_create(&label)
+            .set(max_concurrent.into());
+        ControllerMetrics {
+            metrics: self.clone(),
+            label,
+        }
+    }
+}
+
+/// The metrics of one controller.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    metrics: Metrics,
+    label: ControllerLabel,
+}
+
+impl ControllerMetrics {
+    /// Starts recording one reconcile of `object`: see [`ReconcileGuard`].
+    pub fn reconcile(&self, object: ObjectLabels) -> ReconcileGuard {
+        self.metrics
+            .0
+            .active_workers
+            .get_or_create(&self.label)
+            .inc();
+        ReconcileGuard {
+            metrics: self.clone(),
+            object,
+            started: Instant::now(),
+            result: ReconcileResult::Error,
+            deleted: false,
+        }
+    }
+
+    /// Records whether `object` is suspended (`gotk_suspend_status`).
+    pub fn record_suspend(&self, object: &ObjectLabels, suspended: bool) {
+        let value = i64::from(suspended);
+        self.metrics.0.suspend.get_or_create(object).set(value);
+    }
+
+    /// Records a condition's status, `True`, `False` or `Unknown`
+    /// (`gotk_reconcile_condition`): 1 for it, 0 for the two others. The
+    /// types Flux records are [`CONDITION_TYPES`]; only those are removed
+    /// with a deleted object.
+    pub fn record_condition(&self, object: &ObjectLabels, type_: &str, status: &str) {
+        for candidate in ["True", "False", "Unknown"] {
+            let labels = condition_labels(object, type_, candidate);
+            let value = i64::from(candidate == status);
+            self.metrics.0.condition.get_or_create(&labels).set(value);
+        }
+    }
+
+    /// Removes every `gotk_*` series of `object` (it was deleted).
+    pub fn delete_object(&self, object: &ObjectLabels) {
+        let m = &self.metrics.0;
+        m.duration.remove(object);
+        m.suspend.remove(object);
+        for type_ in CONDITION_TYPES {
+            for status in ["True", "False", "Unknown"] {
+                m.condition.remove(&condition_labels(object, type_, status));
+            }
+        }
+    }
+}
+
+fn condition_labels(object: &ObjectLabels, type_: &str, status: &str) -> ConditionLabels {
+    let status = match status {
+        "True" => "True",
+        "False" => "False",
+        _ => "Unknown",
+    };
+    ConditionLabels {
+        kind: object.kind.clone(),
+        name: object.name.clone(),
+        namespace: object.namespace.clone(),
+        condition: ConditionType {
+            r#type: type_.to_string(),
+            status,
+        },
+    }
+}
+
+/// Records one reconcile when dropped, exactly once: its result (an error
+/// unless set otherwise, so an early return or a panic counts as one), its
+/// duration in `controller_runtime_reconcile_time_seconds` and
+/// `gotk_reconcile_duration_seconds` (or, for a deleted object, the removal
+/// of its `gotk_*` series), and the worker it occupied.
+#[must_use = "a reconcile is recorded when its guard is dropped"]
+pub struct ReconcileGuard {
+    metrics: ControllerMetrics,
+    object: ObjectLabels,
+    started: Instant,
+    result: ReconcileResult,
+    deleted: bool,
+}
+
+impl ReconcileGuard {
+    /// Sets how the reconcile ended.
+    pub fn set_result(&mut self, result: ReconcileResult) {
+        self.result = result;
+    }
+
+    /// Marks the object deleted: its `gotk_*` series are removed.
+    pub fn object_deleted(&mut self) {
+        self.deleted = true;
+    }
+
+    pub fn object(&self) -> &ObjectLabels {
+        &self.object
+    }
+}
+
+impl Drop for ReconcileGuard {
+    fn drop(&mut self) {
+        let m = &self.metrics.metrics.0;
+        let label = &self.metrics.label;
+        let seconds = self.started.elapsed().as_secs_f64();
+        m.reconcile_total
+            .get_or_create(&ResultLabels {
+                controller: label.controller.clone(),
+                result: self.result.label(),
+            })
+            .inc();
+        if self.result == ReconcileResult::Error {
+            m.reconcile_errors.get_or_create(label).inc();
+        }
+        m.reconcile_time.get_or_create(label).observe(seconds);
+        if self.deleted {
+            self.metrics.delete_object(&self.object);
+        } else {
+            m.duration.get_or_create(&self.object).observe(seconds);
+        }
+        m.active_workers.get_or_create(label).dec();
+    }
+}
+
+/// The text exposition of a registry.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The router of the metrics endpoint, `GET /metrics`.
+pub fn router(registry: Registry) -> Router {
+    Router::new()
+        .route("/metrics", get(serve_metrics))
+        .with_state(Arc::new(registry))
+}
+
+async fn serve_metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        encode(&registry),
+    )
+}
+
+#[cfg(test)]
+mod tests;
