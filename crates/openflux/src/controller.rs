@@ -16,6 +16,8 @@ use serde::Serialize;
 use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
 use crate::locks;
+use openflux_api::runtime::ReconcileResult;
+
 use crate::telemetry::Metrics;
 
 /// Errors of a reconcile; all are retried.
@@ -27,6 +29,16 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("object has no {0}")]
     MissingField(&'static str),
+}
+
+/// How a reconcile ended, in the words of Flux's reconcile metrics: an
+/// openflux reconcile either succeeds (and waits for the next change) or
+/// fails (and is retried).
+pub fn reconcile_result<T, E>(result: &Result<T, E>) -> ReconcileResult {
+    match result {
+        Ok(_) => ReconcileResult::Success,
+        Err(_) => ReconcileResult::Error,
+    }
 }
 
 /// State every reconcile of the mirror and export controllers shares, built

@@ -32,6 +32,8 @@ async fn start_openflux(env: &Env, ns: &str) -> Openflux {
         &[
             "--watch-all-namespaces=false",
             &format!("--namespace={ns}"),
+            // As deployed: replicas elect a leader in the runtime namespace.
+            "--enable-leader-election",
             // Each process its own webhook port: tests run side by side.
             &format!("--webhook-addr={}", support::openflux::free_addr()),
         ],

@@ -51,7 +51,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("controller", Layer::Shell),
     ("mirror", Layer::Shell),
     ("export", Layer::Shell),
-    ("leader", Layer::Shell),
     ("gate", Layer::Shell),
     ("certs", Layer::Shell),
     ("certs::keeper", Layer::Shell),

@@ -21,6 +21,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
 use serde_json::json;
 
 pub use plan::{
@@ -29,7 +30,7 @@ pub use plan::{
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
-use crate::controller::{apply_params, hash_of, ready, Context, Error};
+use crate::controller::{apply_params, hash_of, ready, reconcile_result, Context, Error};
 use crate::index::IndexedArtifact;
 use crate::locks;
 
@@ -46,6 +47,7 @@ struct Exporter {
     ctx: Arc<Context>,
     /// `None` while the cluster does not serve the export target.
     target: Option<ExportTarget>,
+    metrics: ControllerMetrics,
 }
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
@@ -72,7 +74,14 @@ pub async fn run(
                 tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
                 Action::requeue(Duration::from_secs(5))
             },
-            Arc::new(Exporter { ctx, target }),
+            Arc::new(Exporter {
+                metrics: ctx
+                    .metrics
+                    .reconciles
+                    .controller(&ControllerId::of::<Artifact>(), concurrency),
+                ctx,
+                target,
+            }),
         )
         .for_each(|_| futures::future::ready(()))
         .await;
@@ -81,8 +90,12 @@ pub async fn run(
 
 #[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
 async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
-    let measure = exporter.ctx.metrics.reconcile("export");
-    measure.outcome(reconcile_inner(&artifact, &exporter).await)
+    let mut guard = exporter
+        .metrics
+        .reconcile(ObjectLabels::of(artifact.as_ref()));
+    let result = reconcile_inner(&artifact, &exporter).await;
+    guard.set_result(reconcile_result(&result));
+    result
 }
 
 async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Action, Error> {
