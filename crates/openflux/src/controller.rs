@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
 use crate::locks;
-use openflux_api::runtime::ReconcileResult;
+use openflux_api::runtime::{EventRecorder, ReconcileResult};
 
 use crate::telemetry::Metrics;
 
@@ -50,6 +50,9 @@ pub struct Context {
     pub index: Arc<RwLock<OwnerIndex>>,
     pub metrics: Metrics,
     pub memo: WriteMemo,
+    /// Kubernetes Events, and with `--events-addr` the same posted to
+    /// notification-controller.
+    pub events: EventRecorder,
 }
 
 impl Context {

@@ -34,6 +34,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("index", Layer::Pure),
     ("mirror::plan", Layer::Pure),
     ("export::plan", Layer::Pure),
+    ("export::events", Layer::Pure),
     ("runtime::router", Layer::Pure),
     ("webhook::consumers", Layer::Pure),
     ("webhook::decision", Layer::Pure),

@@ -18,9 +18,12 @@ pub mod watch;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use kube::Client;
+use openflux_api::runtime::events::{Notifier, RetryPolicy};
 use openflux_api::runtime::leader::Elector;
+use openflux_api::runtime::{EventRecorder, RuntimeArgs};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -86,6 +89,7 @@ where
         index: shared.index.clone(),
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
+        events: event_recorder(&client, runtime)?,
     });
     let hub = Hub::new(shared.index.clone(), metrics.clone());
     let watch = Watch {
@@ -207,4 +211,28 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
         tracing::info!("shutdown signal received; stopping");
         shutdown.cancel();
     });
+}
+
+/// Kubernetes Events as `openflux`, and with `--events-addr` the same posted
+/// to notification-controller.
+fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<EventRecorder> {
+    let notifier = match runtime.events_url() {
+        Some(url) => {
+            // The events receiver is plain HTTP in Flux's installs; HTTPS
+            // needs a TLS provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = reqwest::Client::builder()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot build the events client: {e}"))?;
+            Some(Notifier::spawn(url, http, RetryPolicy::default()))
+        }
+        None => None,
+    };
+    let reporter = Reporter {
+        controller: "openflux".into(),
+        instance: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok(),
+    };
+    Ok(EventRecorder::new(client.clone(), reporter, notifier))
 }
