@@ -16,6 +16,8 @@ use serde::Serialize;
 use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
 use crate::index::OwnerIndex;
 use crate::locks;
+use openflux_api::runtime::{EventRecorder, ReconcileResult};
+
 use crate::telemetry::Metrics;
 
 /// Errors of a reconcile; all are retried.
@@ -29,6 +31,16 @@ pub enum Error {
     MissingField(&'static str),
 }
 
+/// How a reconcile ended, in the words of Flux's reconcile metrics: an
+/// openflux reconcile either succeeds (and waits for the next change) or
+/// fails (and is retried).
+pub fn reconcile_result<T, E>(result: &Result<T, E>) -> ReconcileResult {
+    match result {
+        Ok(_) => ReconcileResult::Success,
+        Err(_) => ReconcileResult::Error,
+    }
+}
+
 /// State every reconcile of the mirror and export controllers shares, built
 /// once when openflux starts.
 pub struct Context {
@@ -38,6 +50,9 @@ pub struct Context {
     pub index: Arc<RwLock<OwnerIndex>>,
     pub metrics: Metrics,
     pub memo: WriteMemo,
+    /// Kubernetes Events, and with `--events-addr` the same posted to
+    /// notification-controller.
+    pub events: EventRecorder,
 }
 
 impl Context {

@@ -11,7 +11,6 @@ pub mod export;
 pub mod gate;
 pub mod identity;
 pub mod index;
-pub mod leader;
 pub mod locks;
 pub mod mirror;
 pub mod naming;

@@ -58,7 +58,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         Command::Certs(args) => openflux::certs::run(args),
         Command::Run(cmd) => {
             let RunCmd { run: args, webhook } = *cmd;
-            openflux::telemetry::init_logging(&args.log_level, args.log_encoding == "json")?;
+            openflux_api::runtime::logging::init(&args.runtime.log)?;
             let client = client(cli.kubeconfig).await?;
             openflux::runtime::run(args, client, move |shared| {
                 let metrics =
@@ -85,5 +85,42 @@ async fn main() -> ExitCode {
             eprintln!("openflux: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments of the openflux container of the shipped Deployment.
+    fn deployment_args() -> Vec<String> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../manifests/deployment.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+        serde_json::from_value(args.clone()).unwrap()
+    }
+
+    #[test]
+    fn the_shipped_deployment_parses_with_flux_conventions() {
+        let args = deployment_args();
+        let cli = Cli::try_parse_from(std::iter::once("openflux".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("manifests/deployment.yaml: {e}"));
+        let Command::Run(cmd) = cli.command else {
+            panic!("the Deployment runs `openflux run`");
+        };
+        let runtime = &cmd.run.runtime;
+        assert!(runtime.leader_election.enable_leader_election);
+        assert_eq!(
+            runtime.log.log_encoding,
+            openflux_api::runtime::flags::LogEncoding::Json
+        );
+        assert_eq!(
+            (runtime.metrics_addr.port(), runtime.health_addr.port()),
+            (8080, 9440)
+        );
     }
 }

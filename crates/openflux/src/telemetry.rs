@@ -1,47 +1,27 @@
-//! Logs, metrics and the health endpoints.
+//! openflux's own metrics beside Flux's, and the health endpoints. Logs,
+//! flags and Flux's reconcile metrics are the openflux-api runtime kit's.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use openflux_api::runtime::Metrics as FluxMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tracing_subscriber::{fmt, EnvFilter};
 
 use crate::locks;
-
-/// Sets up logging: `level` is a tracing filter (`info`, `debug`,
-/// `openflux=debug,kube=info`, ...); `json` selects structured JSON lines.
-pub fn init_logging(level: &str, json: bool) -> anyhow::Result<()> {
-    let filter = EnvFilter::try_new(level)
-        .map_err(|e| anyhow::anyhow!("invalid --log-level {level:?}: {e}"))?;
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let result = if json {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
-    };
-    result.map_err(|e| anyhow::anyhow!("logging already initialised: {e}"))
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ControllerLabels {
-    pub controller: String,
 }
 
 /// The controllers' metrics.
@@ -51,10 +31,9 @@ pub struct Metrics {
     pub mirrored: Family<KindLabels, Counter>,
     /// Exported-object writes made by the export controller.
     pub exported: Counter,
-    /// Reconciles that ended in an error, by controller.
-    pub reconcile_errors: Family<ControllerLabels, Counter>,
-    /// Reconcile durations, by controller.
-    pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    /// Flux's reconcile metrics (`controller_runtime_reconcile_*`,
+    /// `gotk_reconcile_duration_seconds`), recorded by each reconcile's guard.
+    pub reconciles: FluxMetrics,
     /// Artifacts in the owner index.
     pub indexed_artifacts: Gauge,
     /// 1 while this replica holds the leader Lease.
@@ -66,10 +45,7 @@ impl Metrics {
         let m = Self {
             mirrored: Family::default(),
             exported: Counter::default(),
-            reconcile_errors: Family::default(),
-            reconcile_duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.0005, 2.0, 16))
-            }),
+            reconciles: FluxMetrics::register(registry),
             indexed_artifacts: Gauge::default(),
             leader: Gauge::default(),
         };
@@ -82,55 +58,8 @@ impl Metrics {
     fn describe(&self, registry: &mut Registry) {
         registry.register("openflux_mirrored_writes", "Artifact writes made by the mirror controller", self.mirrored.clone());
         registry.register("openflux_exported_writes", "Exported object writes made by the export controller", self.exported.clone());
-        registry.register("openflux_reconcile_errors", "Reconciles that ended in an error", self.reconcile_errors.clone());
-        registry.register("openflux_reconcile_duration_seconds", "Duration of reconciles", self.reconcile_duration.clone());
         registry.register("openflux_indexed_artifacts", "Artifacts in the owner index", self.indexed_artifacts.clone());
         registry.register("openflux_leader", "1 while this replica holds the leader Lease", self.leader.clone());
-    }
-
-    /// Starts measuring one reconcile of `controller`.
-    pub fn reconcile(&self, controller: &'static str) -> ReconcileMeasure {
-        ReconcileMeasure {
-            metrics: self.clone(),
-            controller,
-            started: Instant::now(),
-            ok: false,
-        }
-    }
-}
-
-/// Counts one reconcile exactly once, whatever its outcome: when dropped it
-/// records the reconcile's duration, and an error unless
-/// [`ReconcileMeasure::outcome`] saw it succeed. A reconcile that never
-/// reaches an outcome (it panicked, or was cancelled) counts as failed.
-#[must_use = "a reconcile is counted when its measure is dropped"]
-pub struct ReconcileMeasure {
-    metrics: Metrics,
-    controller: &'static str,
-    started: Instant,
-    ok: bool,
-}
-
-impl ReconcileMeasure {
-    /// Notes how the reconcile ended and hands its result back.
-    pub fn outcome<T, E>(mut self, result: Result<T, E>) -> Result<T, E> {
-        self.ok = result.is_ok();
-        result
-    }
-}
-
-impl Drop for ReconcileMeasure {
-    fn drop(&mut self) {
-        let labels = ControllerLabels {
-            controller: self.controller.to_string(),
-        };
-        self.metrics
-            .reconcile_duration
-            .get_or_create(&labels)
-            .observe(self.started.elapsed().as_secs_f64());
-        if !self.ok {
-            self.metrics.reconcile_errors.get_or_create(&labels).inc();
-        }
     }
 }
 
@@ -248,26 +177,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_reconcile_is_counted_once_whatever_its_outcome() {
-        let mut registry = Registry::default();
-        let metrics = Metrics::register(&mut registry);
-        let ok: Result<(), ()> = metrics.reconcile("mirror").outcome(Ok(()));
-        let failed: Result<(), ()> = metrics.reconcile("mirror").outcome(Err(()));
-        assert!(ok.is_ok() && failed.is_err());
-        drop(metrics.reconcile("export")); // cancelled before an outcome
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        for expected in [
-            r#"openflux_reconcile_duration_seconds_count{controller="mirror"} 2"#,
-            r#"openflux_reconcile_errors_total{controller="mirror"} 1"#,
-            r#"openflux_reconcile_duration_seconds_count{controller="export"} 1"#,
-            r#"openflux_reconcile_errors_total{controller="export"} 1"#,
-        ] {
-            assert!(text.contains(expected), "{expected} in\n{text}");
-        }
-    }
 
     #[test]
     fn ready_only_after_every_watch_synced() {

@@ -32,6 +32,8 @@ async fn start_openflux(env: &Env, ns: &str) -> Openflux {
         &[
             "--watch-all-namespaces=false",
             &format!("--namespace={ns}"),
+            // As deployed: replicas elect a leader in the runtime namespace.
+            "--enable-leader-election",
             // Each process its own webhook port: tests run side by side.
             &format!("--webhook-addr={}", support::openflux::free_addr()),
         ],
@@ -361,6 +363,18 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
         ("False", "InvalidArtifact")
     );
     assert!(message.contains("spec.digest"), "{message}");
+    // ... and says it as a Warning Event on the Artifact, as Flux does.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), &n);
+    let note = wait_for("an InvalidArtifact Event", TIMEOUT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find_map(|e| {
+            let about = e.regarding.as_ref()?.name.as_deref() == Some("nodigest");
+            let warning = e.type_.as_deref() == Some("Warning");
+            (about && warning && e.reason.as_deref() == Some("InvalidArtifact")).then_some(e.note)
+        })
+    })
+    .await;
+    assert!(note.is_some_and(|n| n.contains("spec.digest")));
     assert!(env
         .find(SOURCE, "ExternalArtifact", &n, "artifact-nodigest")
         .await

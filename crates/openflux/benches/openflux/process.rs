@@ -220,10 +220,10 @@ pub fn mirrored_writes(metrics: &str, kind: &str) -> f64 {
     })
 }
 
-/// Reconciles the mirror controller finished.
+/// Reconciles the mirror controllers (`<kind>-mirror`) finished.
 pub fn mirror_reconciles(metrics: &str) -> f64 {
-    metric_sum(metrics, "openflux_reconcile_duration_seconds_count", |l| {
-        label(l, "controller") == Some("mirror")
+    metric_sum(metrics, "controller_runtime_reconcile_total", |l| {
+        label(l, "controller").is_some_and(|c| c.ends_with("-mirror"))
     })
 }
 
@@ -259,8 +259,9 @@ pub fn self_check() {
         apiserver_request_total{code=\"200\",group=\"openflux.dev\",resource=\"artifacts\",verb=\"WATCH\"} 100\n\
         apiserver_request_total{code=\"200\",group=\"\",resource=\"configmaps\",verb=\"POST\"} 9\n\
         openflux_mirrored_writes_total{kind=\"GitRepository\"} 12\n\
-        openflux_reconcile_duration_seconds_count{controller=\"mirror\"} 5\n\
-        openflux_reconcile_duration_seconds_count{controller=\"export\"} 2\n\
+        controller_runtime_reconcile_total{controller=\"gitrepository-mirror\",result=\"success\"} 4\n\
+        controller_runtime_reconcile_total{controller=\"ocirepository-mirror\",result=\"error\"} 1\n\
+        controller_runtime_reconcile_total{controller=\"artifact\",result=\"success\"} 2\n\
         odd{msg=\"a,b=\\\"c\\\"\",kind=\"GitRepository\"} 1.5e3\n\
         plain 4\n";
     assert_eq!(apiserver_writes(text, "openflux.dev", "artifacts"), 10.0);

@@ -9,6 +9,7 @@
 //! Artifact in `status.artifact` with a `Ready` condition. [`plan`] decides;
 //! this module runs the controller that writes what it decided.
 
+mod events;
 pub mod plan;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
 use serde_json::json;
 
 pub use plan::{
@@ -29,7 +31,7 @@ pub use plan::{
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
-use crate::controller::{apply_params, hash_of, ready, Context, Error};
+use crate::controller::{apply_params, hash_of, ready, reconcile_result, Context, Error};
 use crate::index::IndexedArtifact;
 use crate::locks;
 
@@ -46,6 +48,7 @@ struct Exporter {
     ctx: Arc<Context>,
     /// `None` while the cluster does not serve the export target.
     target: Option<ExportTarget>,
+    metrics: ControllerMetrics,
 }
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
@@ -72,7 +75,14 @@ pub async fn run(
                 tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
                 Action::requeue(Duration::from_secs(5))
             },
-            Arc::new(Exporter { ctx, target }),
+            Arc::new(Exporter {
+                metrics: ctx
+                    .metrics
+                    .reconciles
+                    .controller(&ControllerId::of::<Artifact>(), concurrency),
+                ctx,
+                target,
+            }),
         )
         .for_each(|_| futures::future::ready(()))
         .await;
@@ -81,8 +91,12 @@ pub async fn run(
 
 #[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
 async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
-    let measure = exporter.ctx.metrics.reconcile("export");
-    measure.outcome(reconcile_inner(&artifact, &exporter).await)
+    let mut guard = exporter
+        .metrics
+        .reconcile(ObjectLabels::of(artifact.as_ref()));
+    let result = reconcile_inner(&artifact, &exporter).await;
+    guard.set_result(reconcile_result(&result));
+    result
 }
 
 async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Action, Error> {
@@ -109,22 +123,24 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
 
     let Some(target) = &exporter.target else {
         let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
-        ctx.apply_artifact_status(
-            artifact,
-            status(false, reason::EXPORT_TARGET_MISSING, msg, None),
-        )
-        .await?;
+        exporter
+            .set_status(
+                artifact,
+                status(false, reason::EXPORT_TARGET_MISSING, msg, None),
+            )
+            .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     };
     let export_name = locks::read(&ctx.index).export_name(&indexed);
     let plan = match plan(artifact, &export_name, &target.resource) {
         Ok(p) => p,
         Err(msg) => {
-            ctx.apply_artifact_status(
-                artifact,
-                status(false, reason::INVALID_ARTIFACT, &msg, None),
-            )
-            .await?;
+            exporter
+                .set_status(
+                    artifact,
+                    status(false, reason::INVALID_ARTIFACT, &msg, None),
+                )
+                .await?;
             return Ok(Action::await_change());
         }
     };
@@ -133,7 +149,8 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
     let current = export.current().await?;
     if let Some(existing) = &current {
         if let Some(msg) = conflict(existing, &artifact.uid().unwrap_or_default()) {
-            ctx.apply_artifact_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
+            exporter
+                .set_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
                 .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
@@ -152,12 +169,30 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         "exported as {} {namespace}/{export_name} at revision '{}'",
         target.resource.kind, artifact.spec.revision
     );
-    ctx.apply_artifact_status(
-        artifact,
-        status(true, reason::EXPORTED, &msg, Some(exported)),
-    )
-    .await?;
+    exporter
+        .set_status(
+            artifact,
+            status(true, reason::EXPORTED, &msg, Some(exported)),
+        )
+        .await?;
     Ok(Action::await_change())
+}
+
+impl Exporter {
+    /// Writes an Artifact's status and, when its `Ready` condition changed,
+    /// emits the Event that change means.
+    async fn set_status(&self, artifact: &Artifact, status: ArtifactStatus) -> Result<(), Error> {
+        let event = events::ready_event(artifact, artifact.ready_condition(), &status);
+        let target = events::alert_target(artifact, &status);
+        let wrote = self.ctx.apply_artifact_status(artifact, status).await?;
+        if let (true, Some(event)) = (wrote, event) {
+            self.ctx
+                .events
+                .publish(artifact, &event, target.as_ref())
+                .await;
+        }
+        Ok(())
+    }
 }
 
 /// The exported object of one Artifact, and the writes that keep it.

@@ -17,12 +17,14 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
 
 pub use plan::{is_own_export, mirrored_status, plan, slim, up_to_date, InvalidSource, Plan};
 
-use crate::api::{StockSource, FLUX_SOURCE_GROUP};
-use crate::controller::{apply_params, hash_of, Context, Error};
+use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
+use crate::controller::{apply_params, hash_of, reconcile_result, Context, Error};
+use crate::naming::mirror_artifact_name;
 use crate::telemetry::KindLabels;
 
 /// Finds the first version of `kind` the API server serves.
@@ -65,6 +67,10 @@ impl Mirror {
         let stock = self.source;
         let kind = stock.kind;
         let ar = Arc::new(self.resource.clone());
+        let metrics = ctx
+            .metrics
+            .reconciles
+            .controller(&controller_id(stock), concurrency);
         // Every trigger comes from the router; the controller's own stream
         // stays empty.
         let nothing = futures::stream::pending::<Result<DynamicObject, watcher::Error>>();
@@ -73,7 +79,7 @@ impl Mirror {
             .reconcile_on(triggers)
             .graceful_shutdown_on(shutdown)
             .run(
-                move |source, ctx| reconcile(source, ctx, stock, ar.clone()),
+                move |source, ctx| reconcile(source, ctx, stock, ar.clone(), metrics.clone()),
                 move |source, error, _ctx| {
                     tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
                     Action::requeue(Duration::from_secs(5))
@@ -92,9 +98,27 @@ async fn reconcile(
     ctx: Arc<Context>,
     stock: &'static StockSource,
     ar: Arc<ApiResource>,
+    metrics: ControllerMetrics,
 ) -> Result<Action, Error> {
-    let measure = ctx.metrics.reconcile("mirror");
-    measure.outcome(reconcile_inner(&source, &ctx, stock, &ar).await)
+    // Recorded against the Artifact the source is mirrored to.
+    let mut guard = metrics.reconcile(ObjectLabels {
+        kind: Artifact::kind(&()).into_owned(),
+        name: mirror_artifact_name(stock, &source.name_any()),
+        namespace: source.namespace().unwrap_or_default(),
+    });
+    let result = reconcile_inner(&source, &ctx, stock, &ar).await;
+    guard.set_result(reconcile_result(&result));
+    result
+}
+
+/// The mirror of one source kind, as its reconcile metrics name it:
+/// `gitrepository-mirror`, ...
+pub fn controller_id(stock: &StockSource) -> ControllerId {
+    ControllerId {
+        name: format!("{}-mirror", stock.kind.to_ascii_lowercase()),
+        group: FLUX_SOURCE_GROUP.to_string(),
+        kind: stock.kind.to_string(),
+    }
 }
 
 async fn reconcile_inner(
@@ -157,7 +181,7 @@ async fn write(
     stock: &'static StockSource,
     source: &DynamicObject,
     namespace: &str,
-    desired: &crate::api::Artifact,
+    desired: &Artifact,
 ) -> Result<(), Error> {
     let name = desired.name_any();
     let current = ctx.artifacts.get(&ObjectRef::new(&name).within(namespace));

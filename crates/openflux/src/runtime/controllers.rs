@@ -147,7 +147,7 @@ impl Controllers {
         let hub = self.hub.clone();
         let watch = Watch {
             api: self.scope.dynamic_api(&self.ctx.client, &resource),
-            config: watcher::Config::default().any_semantic(),
+            config: self.scope.config(),
             // The mirror needs a source's identity and status.artifact only;
             // keeping nothing else keeps memory flat with thousands of sources.
             slim: mirror::slim,

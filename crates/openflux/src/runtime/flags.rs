@@ -1,45 +1,34 @@
-//! The flags of `openflux run`, named as Flux controllers name theirs.
+//! The flags of `openflux run`: Flux's common controller flags (the
+//! openflux-api runtime kit's, with Flux's names, defaults and forms) and
+//! openflux's own.
 
-use std::net::SocketAddr;
+use openflux_api::runtime::flags::{FlagError, RuntimeArgs};
 
 use super::watch::Scope;
+
+/// Name of the leader election Lease, in the runtime namespace.
+pub const LEADER_ELECTION_ID: &str = "openflux-leader-election";
 
 /// Flags of `openflux run` (the webhook's are in [`crate::webhook::WebhookArgs`]).
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Address the Prometheus metrics endpoint binds to.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub metrics_addr: SocketAddr,
-    /// Address the /healthz and /readyz endpoints bind to.
-    #[arg(long, default_value = "0.0.0.0:9440")]
-    pub health_addr: SocketAddr,
-    /// Watch sources and Artifacts in all namespaces; when false, only in --namespace.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub watch_all_namespaces: bool,
-    /// The namespace openflux runs in (its leader Lease lives there).
-    #[arg(long, env = "RUNTIME_NAMESPACE", default_value = "openflux-system")]
-    pub namespace: String,
-    /// Reconciles each controller runs at once.
-    #[arg(long, default_value_t = 4)]
-    pub concurrent: u16,
-    /// Elect a leader among replicas before running the controllers.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub enable_leader_election: bool,
-    /// Name of the leader election Lease.
-    #[arg(long, default_value = "openflux-leader-election")]
-    pub leader_election_id: String,
-    /// Log filter: error, warn, info, debug, trace, or a tracing directive.
-    #[arg(long, default_value = "info")]
-    pub log_level: String,
-    /// Log encoding: console or json.
-    #[arg(long, default_value = "console", value_parser = ["console", "json"])]
-    pub log_encoding: String,
+    /// Flux's common flags: `--metrics-addr`, `--health-addr`,
+    /// `--events-addr`, `--concurrent`, `--log-level`, `--log-encoding`,
+    /// `--enable-leader-election` and its timings, `--watch-all-namespaces`,
+    /// `--watch-label-selector` and `--namespace`.
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 }
 
 impl RunArgs {
-    /// The namespaces watched: all, or only `--namespace`.
-    pub fn scope(&self) -> Scope {
-        Scope((!self.watch_all_namespaces).then(|| self.namespace.clone()))
+    /// What is watched: all namespaces or only the runtime namespace, and
+    /// the objects `--watch-label-selector` selects.
+    pub fn scope(&self) -> Result<Scope, FlagError> {
+        let watch = &self.runtime.watch;
+        Ok(Scope {
+            namespace: watch.watched_namespace()?.map(str::to_string),
+            labels: watch.watch_label_selector.clone(),
+        })
     }
 }
 
@@ -48,30 +37,59 @@ mod tests {
     use super::*;
     use clap::{Args, FromArgMatches};
 
-    fn parsed(args: &[&str]) -> RunArgs {
+    fn parsed(args: &[&str]) -> Result<RunArgs, clap::Error> {
         let command = RunArgs::augment_args(clap::Command::new("openflux"));
-        let matches = command.try_get_matches_from(args).unwrap();
-        RunArgs::from_arg_matches(&matches).unwrap()
+        let matches = command.try_get_matches_from(args)?;
+        RunArgs::from_arg_matches(&matches)
     }
 
     #[test]
-    fn defaults_and_scope() {
-        let run = parsed(&["openflux"]);
+    fn flux_defaults_and_forms() {
+        let run = parsed(&["openflux"]).unwrap();
+        let rt = &run.runtime;
         assert_eq!(
-            (
-                run.metrics_addr.port(),
-                run.health_addr.port(),
-                run.concurrent
-            ),
+            (rt.metrics_addr.port(), rt.health_addr.port(), rt.concurrent),
             (8080, 9440, 4)
         );
-        assert!(run.enable_leader_election && run.watch_all_namespaces);
-        assert_eq!(run.scope(), Scope(None));
+        assert!(!rt.leader_election.enable_leader_election);
+        assert!(rt.events_url().is_none());
+        assert_eq!(run.scope().unwrap(), Scope::default());
+        let run = parsed(&[
+            "openflux",
+            "--metrics-addr=:8081",
+            "--enable-leader-election",
+            "--log-level=debug",
+            "--log-encoding=console",
+            "--events-addr=http://notification-controller.flux-system.svc.cluster.local./",
+        ])
+        .unwrap();
+        assert_eq!(run.runtime.metrics_addr.port(), 8081);
+        assert!(run.runtime.leader_election.enable_leader_election);
+        assert!(run.runtime.events_url().is_some());
+        assert!(parsed(&["openflux", "--log-encoding=xml"]).is_err());
+    }
+
+    #[test]
+    fn scope_from_namespace_and_label_selector() {
         let run = parsed(&[
             "openflux",
             "--watch-all-namespaces=false",
             "--namespace=flux",
-        ]);
-        assert_eq!(run.scope(), Scope(Some("flux".into())));
+            "--watch-label-selector=sharding.fluxcd.io/shard=shard1",
+        ])
+        .unwrap();
+        let scope = run.scope().unwrap();
+        assert_eq!(scope.namespace.as_deref(), Some("flux"));
+        assert_eq!(scope.labels, "sharding.fluxcd.io/shard=shard1");
+        assert_eq!(
+            scope.config().label_selector.as_deref(),
+            Some("sharding.fluxcd.io/shard=shard1")
+        );
+        // Watching one namespace needs to know which.
+        let no_ns = parsed(&["openflux", "--watch-all-namespaces=false"]).unwrap();
+        if std::env::var_os("RUNTIME_NAMESPACE").is_none() {
+            assert!(no_ns.scope().is_err());
+        }
+        assert!(parsed(&["openflux", "--watch-label-selector=a b"]).is_err());
     }
 }

@@ -18,14 +18,16 @@ pub mod watch;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::Client;
+use openflux_api::runtime::events::{Notifier, RetryPolicy};
+use openflux_api::runtime::leader::Elector;
+use openflux_api::runtime::{EventRecorder, RuntimeArgs};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-pub use flags::RunArgs;
+pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
 use self::controllers::Controllers;
 use self::router::Event;
@@ -34,7 +36,6 @@ use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
 use crate::gate::{self, GateMetrics};
 use crate::index::OwnerIndex;
-use crate::leader::{Elector, LeaseTimings};
 use crate::telemetry::{self, Metrics, Readiness};
 
 /// How often the leader checks Flux consumers for the ExternalArtifact gate.
@@ -57,6 +58,8 @@ where
     F: FnOnce(&Shared) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
 {
+    let scope = args.scope()?;
+    let runtime = &args.runtime;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let gate_metrics = GateMetrics::register(&mut registry);
@@ -86,12 +89,12 @@ where
         index: shared.index.clone(),
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
+        events: event_recorder(&client, runtime)?,
     });
     let hub = Hub::new(shared.index.clone(), metrics.clone());
-    let scope = args.scope();
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
-        config: watcher::Config::default().any_semantic(),
+        config: scope.config(),
         slim: without_managed_fields,
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
@@ -104,21 +107,23 @@ where
         shutdown.clone(),
     ));
     let health = tokio::spawn(telemetry::serve(
-        args.metrics_addr,
-        args.health_addr,
+        runtime.metrics_addr.socket_addr(),
+        runtime.health_addr.socket_addr(),
         shared.registry.clone(),
         shared.readiness.clone(),
         shutdown.clone(),
     ));
 
-    let elector = args.enable_leader_election.then(|| {
-        Elector::new(
-            Api::<Lease>::namespaced(client.clone(), &args.namespace),
-            &args.leader_election_id,
-            &identity(),
-            LeaseTimings::default(),
-        )
-    });
+    let leader_election = &runtime.leader_election;
+    let elector = match leader_election.enable_leader_election {
+        true => Some(Elector::new(
+            client.clone(),
+            runtime.watch.runtime_namespace()?,
+            LEADER_ELECTION_ID,
+            leader_election,
+        )),
+        false => None,
+    };
     if let Some(elector) = &elector {
         tokio::select! {
             _ = elector.acquire() => {}
@@ -130,7 +135,7 @@ where
         metrics.leader.set(1);
         tokio::spawn(gate::run(
             client.clone(),
-            scope.0.clone(),
+            scope.namespace.clone(),
             gate_metrics,
             GATE_CHECK_PERIOD,
             shutdown.clone(),
@@ -139,14 +144,15 @@ where
             ctx,
             hub,
             scope,
-            args.concurrent,
+            runtime.concurrent,
             shared.readiness.clone(),
             shutdown.clone(),
         );
         let controllers = tokio::spawn(controllers.run());
         match &elector {
             Some(elector) => tokio::select! {
-                _ = elector.hold() => {
+                lost = elector.keep() => {
+                    tracing::error!(error = %lost, "leader election lost");
                     lost_leadership = true;
                     shutdown.cancel();
                 }
@@ -159,7 +165,9 @@ where
         }
     }
     if let (Some(elector), false) = (&elector, lost_leadership) {
-        elector.release().await;
+        if leader_election.leader_election_release_on_cancel {
+            elector.release().await;
+        }
     }
     let _ = watch.await;
     if let Ok(Err(e)) = health.await {
@@ -205,10 +213,26 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
     });
 }
 
-/// This replica's identity in the leader election.
-fn identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "openflux".to_string());
-    format!("{host}_{}", std::process::id())
+/// Kubernetes Events as `openflux`, and with `--events-addr` the same posted
+/// to notification-controller.
+fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<EventRecorder> {
+    let notifier = match runtime.events_url() {
+        Some(url) => {
+            // The events receiver is plain HTTP in Flux's installs; HTTPS
+            // needs a TLS provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = reqwest::Client::builder()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot build the events client: {e}"))?;
+            Some(Notifier::spawn(url, http, RetryPolicy::default()))
+        }
+        None => None,
+    };
+    let reporter = Reporter {
+        controller: "openflux".into(),
+        instance: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok(),
+    };
+    Ok(EventRecorder::new(client.clone(), reporter, notifier))
 }

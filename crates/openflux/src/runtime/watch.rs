@@ -25,17 +25,31 @@ use crate::telemetry::{Metrics, SyncGuard};
 /// that the listener is told it lagged and looks at everything again.
 pub const WAKE_BACKLOG: usize = 1024;
 
-/// The namespaces openflux watches: all, or one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Scope(pub Option<String>);
+/// What openflux watches: all namespaces or one, and the objects matching
+/// `--watch-label-selector` (empty: all).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub namespace: Option<String>,
+    pub labels: String,
+}
 
 impl Scope {
+    /// The watcher configuration of the sources and Artifacts in this scope.
+    pub fn config(&self) -> watcher::Config {
+        let config = watcher::Config::default().any_semantic();
+        if self.labels.is_empty() {
+            config
+        } else {
+            config.labels(&self.labels)
+        }
+    }
+
     /// An API for `K` in this scope.
     pub fn api<K>(&self, client: &Client) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
-        match &self.0 {
+        match &self.namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         }
@@ -43,7 +57,7 @@ impl Scope {
 
     /// An API for the objects of `resource` in this scope.
     pub fn dynamic_api(&self, client: &Client, resource: &ApiResource) -> Api<DynamicObject> {
-        match &self.0 {
+        match &self.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
             None => Api::all_with(client.clone(), resource),
         }
