@@ -7,7 +7,9 @@
 //! `kustomize-controller`). A mention is the component's name followed by a
 //! full version (`kustomize-controller v1.9.5`, `Kubernetes v1.36.3`, `etcd |
 //! v3.6.16`); `Kubernetes 1.30` (no patch level) is a version range, not a
-//! mention.
+//! mention. A pin of an older Flux line, `FLUX_2_7_SOURCE_CONTROLLER_VERSION`,
+//! pins `source-controller` too: a mention agrees when it names any pinned
+//! version of its component.
 
 use openflux_testkit as support;
 
@@ -19,6 +21,7 @@ fn pins(text: &str) -> Vec<(String, String)> {
         .filter_map(|line| {
             let (name, value) = line.trim().split_once('=')?;
             let component = name.strip_suffix("_VERSION")?;
+            let component = strip_line(component);
             if name.starts_with('#') || component.is_empty() {
                 return None;
             }
@@ -29,6 +32,21 @@ fn pins(text: &str) -> Vec<(String, String)> {
             ))
         })
         .collect()
+}
+
+/// `SOURCE_CONTROLLER` for `FLUX_2_7_SOURCE_CONTROLLER`: the component of a
+/// pin of an older Flux line.
+fn strip_line(component: &str) -> &str {
+    let parts: Vec<&str> = component.splitn(4, '_').collect();
+    match parts.as_slice() {
+        ["FLUX", major, minor, rest]
+            if major.chars().all(|c| c.is_ascii_digit())
+                && minor.chars().all(|c| c.is_ascii_digit()) =>
+        {
+            rest
+        }
+        _ => component,
+    }
 }
 
 /// Strips a leading `v`: `v1.2.3` and `1.2.3` name the same version.
@@ -71,21 +89,36 @@ fn versions_after(line: &str, component: &str) -> Vec<String> {
     found
 }
 
-/// `file:line: text` for each mention in `text` that disagrees with `pins`,
-/// and how many mentions agreed.
-fn check(file: &str, text: &str, pins: &[(String, String)]) -> (Vec<String>, usize) {
+/// `file:line: text` for each mention in `text` that names no pinned
+/// version of its component, and how many mentions named `counted`.
+fn check(
+    file: &str,
+    text: &str,
+    pins: &[(String, String)],
+    counted: Option<&(String, String)>,
+) -> (Vec<String>, usize) {
     let mut wrong = Vec::new();
     let mut agreed = 0;
+    let mut components: Vec<&String> = pins.iter().map(|(c, _)| c).collect();
+    components.sort();
+    components.dedup();
     for (n, line) in text.lines().enumerate() {
-        for (component, pinned) in pins {
+        for component in &components {
+            let versions: Vec<&str> = pins
+                .iter()
+                .filter(|(c, _)| c == *component)
+                .map(|(_, v)| bare(v))
+                .collect();
             for named in versions_after(line, component) {
-                if bare(&named) == bare(pinned) {
+                if counted.is_some_and(|(c, v)| c == *component && bare(v) == bare(&named)) {
                     agreed += 1;
-                } else {
+                }
+                if !versions.contains(&bare(&named)) {
                     wrong.push(format!(
-                        "{file}:{}: names {component} v{} but e2e/versions.env pins {pinned}: {}",
+                        "{file}:{}: names {component} v{} but e2e/versions.env pins {}: {}",
                         n + 1,
                         bare(&named),
+                        versions.join(", "),
                         line.trim()
                     ));
                 }
@@ -128,12 +161,13 @@ fn docs_name_only_the_pinned_versions() {
             .unwrap_or(&path)
             .display()
             .to_string();
-        let (w, _) = check(&name, &text, &pins);
+        let (w, _) = check(&name, &text, &pins, None);
         wrong.extend(w);
         if name == "README.md" {
             // The README states every pinned version at least once.
-            for (component, pinned) in &pins {
-                let (_, agreed) = check(&name, &text, &[(component.clone(), pinned.clone())]);
+            for pin in &pins {
+                let (component, pinned) = pin;
+                let (_, agreed) = check(&name, &text, &pins, Some(pin));
                 assert!(
                     agreed > 0,
                     "README.md does not name {component} {pinned} (pinned in e2e/versions.env)"
@@ -152,21 +186,26 @@ fn docs_name_only_the_pinned_versions() {
 fn pins_and_mentions_are_found() {
     let pins = pins(
         "# a comment\nKUBERNETES_VERSION=v1.36.3\nKUSTOMIZE_CONTROLLER_VERSION=\"v1.9.5\"\n\
-         X_EXTRA_REPLACES=\"a=b@v1\"\n# OLD_VERSION=v0.0.1\n",
+         X_EXTRA_REPLACES=\"a=b@v1\"\n# OLD_VERSION=v0.0.1\nFLUX_2_7_KUSTOMIZE_CONTROLLER_VERSION=v1.7.3\n",
     );
     assert_eq!(
         pins,
         [
             ("kubernetes".to_string(), "v1.36.3".to_string()),
             ("kustomize-controller".to_string(), "v1.9.5".to_string()),
+            ("kustomize-controller".to_string(), "v1.7.3".to_string()),
         ]
     );
     let text = "Kubernetes v1.36.3, kustomize-controller v1.9.6 and\n\
-                | kustomize-controller | `v1.9.5` |\n\
+                | kustomize-controller | `v1.9.5` | kustomize-controller v1.7.3\n\
                 Kubernetes 1.30 or later; my-kustomize-controller v9.9.9; kustomize-controller v1.9\n\
                 KUBERNETES 1.35.0-rc.1.";
-    let (wrong, agreed) = check("x.md", text, &pins);
-    assert_eq!(agreed, 2, "{wrong:?}");
+    let (wrong, _) = check("x.md", text, &pins, None);
+    let agreed: Vec<usize> = pins
+        .iter()
+        .map(|pin| check("x.md", text, &pins, Some(pin)).1)
+        .collect();
+    assert_eq!(agreed, [1, 1, 1], "{wrong:?}");
     assert_eq!(wrong.len(), 2, "{wrong:?}");
     assert!(
         wrong[0].starts_with("x.md:1: names kustomize-controller v1.9.6"),
