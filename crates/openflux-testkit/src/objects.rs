@@ -1,7 +1,7 @@
 //! Objects of any kind: server-side apply through discovery, reads,
 //! conditions, reconcile requests and the CRDs the tests install.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context as _};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -195,10 +195,15 @@ pub async fn install_test_source_crd(env: &Env, group: &str) {
     .unwrap_or_else(|e| panic!("installing the TestSource CRD of {group}: {e}"));
 }
 
-/// Waits (bounded) until every named CRD is Established.
+/// Waits (bounded by [`TIMEOUT`]) until every named CRD is Established.
 pub async fn wait_established(env: &Env, names: &[&str]) {
+    wait_established_within(env, names, TIMEOUT).await
+}
+
+/// Waits, at most `timeout` for each, until every named CRD is Established.
+pub async fn wait_established_within(env: &Env, names: &[&str], timeout: Duration) {
     for name in names {
-        wait_for(&format!("CRD {name} established"), TIMEOUT, || async {
+        wait_for(&format!("CRD {name} established"), timeout, || async {
             let crd = env
                 .get(
                     "apiextensions.k8s.io/v1",

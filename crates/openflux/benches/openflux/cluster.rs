@@ -8,7 +8,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::Client;
 use serde_json::json;
 
-use crate::support::{wait_for, Env, TestNamespace};
+use crate::support::{Env, TestNamespace};
 
 pub const ARTIFACT: &str = "openflux.dev/v1alpha1";
 pub const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -65,30 +65,12 @@ pub async fn install_crds(env: &Env) -> anyhow::Result<()> {
     }))
     .await
     .context("installing the TestSource CRD")?;
-    for name in ["artifacts.openflux.dev", "testsources.bench.openflux.dev"] {
-        wait_for(
-            &format!("CRD {name} established"),
-            Duration::from_secs(60),
-            || async {
-                let crd = env
-                    .get(
-                        "apiextensions.k8s.io/v1",
-                        "CustomResourceDefinition",
-                        None,
-                        name,
-                    )
-                    .await
-                    .ok()
-                    .flatten()?;
-                let established = crd.data["status"]["conditions"]
-                    .as_array()?
-                    .iter()
-                    .any(|c| c["type"] == "Established" && c["status"] == "True");
-                established.then_some(())
-            },
-        )
-        .await;
-    }
+    crate::support::wait_established_within(
+        env,
+        &["artifacts.openflux.dev", "testsources.bench.openflux.dev"],
+        Duration::from_secs(60),
+    )
+    .await;
     Ok(())
 }
 

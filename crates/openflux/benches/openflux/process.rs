@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use crate::support::openflux::{binary, free_addr, http_get, tail};
+use crate::support::openflux::{binary, free_addr, http_get, stop_child, tail};
 use crate::support::{unique_name, Env};
 
 /// A running `openflux run`, stopped on drop.
@@ -106,22 +106,15 @@ impl Openflux {
 
     /// SIGTERM, then kill after 10 s.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        use std::os::unix::process::ExitStatusExt;
+        let Some(child) = self.child.take() else {
             return;
         };
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = child.try_wait() {
-                let _ = std::fs::remove_file(&self.log);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        // The log is kept only when the process had to be killed.
+        let status = stop_child(child);
+        if status.is_some_and(|s| s.signal() != Some(9)) {
+            let _ = std::fs::remove_file(&self.log);
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
 
