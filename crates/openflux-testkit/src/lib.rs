@@ -15,6 +15,7 @@
 //! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
+pub mod exports;
 pub mod fixtures;
 mod namespace;
 mod objects;

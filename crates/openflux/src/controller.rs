@@ -14,8 +14,10 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
+use crate::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::locks;
+use crate::references::References;
 use openflux_api::runtime::{EventRecorder, ReconcileResult};
 
 use crate::telemetry::Metrics;
@@ -53,6 +55,10 @@ pub struct Context {
     /// Kubernetes Events, and with `--events-addr` the same posted to
     /// notification-controller.
     pub events: EventRecorder,
+    /// The export targets, as the survey decided them.
+    pub facts: Arc<RwLock<Facts>>,
+    /// Which exported objects consumers refer to (kept by the leader).
+    pub references: Arc<RwLock<References>>,
 }
 
 impl Context {

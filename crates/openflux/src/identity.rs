@@ -25,7 +25,7 @@
 //! controller reports it on both Artifacts and the webhook denies with a
 //! message naming what to rename; nothing is shared silently.
 
-use crate::api::{FLUX_SOURCE_GROUP, GROUP};
+use crate::api::{FLUX_SOURCE_GROUP, GROUP, KIND};
 use crate::naming::bounded_name;
 
 /// Label a producer sets on the Artifact that speaks for its source.
@@ -50,6 +50,28 @@ pub fn artifact_export_name(artifact: &str) -> String {
 /// Name of the Artifact mirrored from the stock Flux source `kind`/`name`.
 pub fn mirror_artifact_name(kind: &str, name: &str) -> String {
     source_export_name(FLUX_SOURCE_GROUP, kind, name)
+}
+
+/// Whether `candidate` is a name openflux gives, or gave in earlier
+/// releases, to the export of a reference to `kind`/`name` (of `group` when
+/// known): what a consumer it rewrote points at. Earlier releases named
+/// exports `<kind>-<name>` and `artifact-<artifact>`.
+pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &str) -> bool {
+    let lower = kind.to_ascii_lowercase();
+    let direct = kind == KIND && group.is_none_or(|g| g == GROUP);
+    let current = match (direct, group) {
+        (true, _) => candidate == artifact_export_name(name),
+        (false, Some(g)) => candidate == source_export_name(g, kind, name),
+        (false, None) => candidate
+            .strip_prefix(&format!("{name}.{lower}."))
+            .is_some_and(|g| !g.is_empty()),
+    };
+    let legacy = if direct {
+        crate::naming::export_name_for_artifact(name)
+    } else {
+        crate::naming::export_name(kind, name)
+    };
+    current || candidate == legacy
 }
 
 /// One Artifact of a source, as the default rule sees it.
@@ -90,6 +112,50 @@ mod tests {
             created,
             labelled_default: labelled,
         }
+    }
+
+    #[test]
+    fn export_names_of_now_and_before_are_recognised() {
+        let g = Some("sources.openflux.dev");
+        assert!(is_export_name(
+            g,
+            "HttpSource",
+            "web",
+            "web.httpsource.sources.openflux.dev"
+        ));
+        assert!(is_export_name(
+            None,
+            "HttpSource",
+            "web",
+            "web.httpsource.sources.openflux.dev"
+        ));
+        assert!(is_export_name(g, "HttpSource", "web", "httpsource-web"));
+        assert!(!is_export_name(
+            g,
+            "HttpSource",
+            "web",
+            "web.httpsource.other.io"
+        ));
+        assert!(!is_export_name(
+            None,
+            "HttpSource",
+            "web",
+            "web.httpsource."
+        ));
+        assert!(!is_export_name(g, "HttpSource", "web", "my-own-repo"));
+        assert!(is_export_name(
+            None,
+            "Artifact",
+            "a1",
+            "a1.artifact.openflux.dev"
+        ));
+        assert!(is_export_name(
+            Some("openflux.dev"),
+            "Artifact",
+            "a1",
+            "artifact-a1"
+        ));
+        assert!(!is_export_name(None, "Artifact", "a1", "a1.artifact.other"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::fmt;
 use kube::ResourceExt;
 
 use crate::api::{split_api_version, Artifact};
-use crate::naming;
+use crate::identity::{self, Candidate, DEFAULT_ARTIFACT_LABEL};
 
 /// Identity of a source object: API group, kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +76,11 @@ pub struct IndexedArtifact {
     pub key: ArtifactKey,
     pub uid: String,
     pub owner: Option<Owner>,
+    /// Creation time as the API server wrote it (RFC 3339, seconds, UTC:
+    /// its text order is its time order).
+    pub created: Option<String>,
+    /// Whether the producer labelled it its source's default Artifact.
+    pub labelled_default: bool,
 }
 
 impl IndexedArtifact {
@@ -101,6 +106,15 @@ impl IndexedArtifact {
             key,
             uid: artifact.uid().unwrap_or_default(),
             owner,
+            created: artifact
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string()),
+            labelled_default: artifact
+                .labels()
+                .get(DEFAULT_ARTIFACT_LABEL)
+                .is_some_and(|v| v == "true"),
         })
     }
 }
@@ -319,15 +333,42 @@ impl OwnerIndex {
         self.by_source.get(source).map_or(0, BTreeSet::len)
     }
 
-    /// Name of the object an Artifact is exported as: named after its source
-    /// when it is the source's only Artifact, otherwise after itself.
+    /// The default Artifact of a source: the one that fills the source's
+    /// export (see [`identity::default_artifact`]).
+    pub fn default_of(&self, source: &SourceKey) -> Option<&IndexedArtifact> {
+        let names = self.by_source.get(source)?;
+        let candidates: Vec<Candidate<&str>> = names
+            .iter()
+            .filter_map(|n| self.artifact(&source.namespace, n))
+            .map(|a| Candidate {
+                name: a.key.name.clone(),
+                created: a.created.as_deref(),
+                labelled_default: a.labelled_default,
+            })
+            .collect();
+        let chosen = identity::default_artifact(&candidates)?;
+        self.artifact(&source.namespace, &chosen.name)
+    }
+
+    /// Name of the object an Artifact is exported as: its source's export
+    /// when it is the source's default Artifact, otherwise its own.
     pub fn export_name(&self, artifact: &IndexedArtifact) -> String {
         match &artifact.owner {
-            Some(owner) if self.artifact_count(&owner.source) <= 1 => {
-                naming::export_name(&owner.source.kind, &owner.source.name)
-            }
-            _ => naming::export_name_for_artifact(&artifact.key.name),
+            Some(owner) if self.is_default(artifact) => identity::source_export_name(
+                &owner.source.group,
+                &owner.source.kind,
+                &owner.source.name,
+            ),
+            _ => identity::artifact_export_name(&artifact.key.name),
         }
+    }
+
+    /// Whether `artifact` is its source's default Artifact.
+    pub fn is_default(&self, artifact: &IndexedArtifact) -> bool {
+        artifact.owner.as_ref().is_some_and(|owner| {
+            self.default_of(&owner.source)
+                .is_some_and(|d| d.key == artifact.key)
+        })
     }
 
     /// Counts of Artifacts by owner kind (`""` for standalone), for metrics.
@@ -515,16 +556,32 @@ mod tests {
         ));
         let standalone = idx.artifact("ns", "standalone").unwrap().clone();
         assert!(standalone.owner.is_none());
-        assert_eq!(idx.export_name(&standalone), "artifact-standalone");
+        assert_eq!(
+            idx.export_name(&standalone),
+            "standalone.artifact.openflux.dev"
+        );
         let a1 = idx.artifact("ns", "a1").unwrap().clone();
-        assert_eq!(idx.export_name(&a1), "httpsource-web");
-        // A second Artifact of the same source: each is exported on its own.
+        let web = "web.httpsource.sources.openflux.dev";
+        assert_eq!(idx.export_name(&a1), web);
+        // A second Artifact of the same source does not move the first one's
+        // export: the first stays the default (same creation time: by name).
         idx.apply(&artifact(
             "ns",
             "a2",
             Some((HTTP, "HttpSource", "web", "u1")),
         ));
-        assert_eq!(idx.export_name(&a1), "artifact-a1");
+        assert_eq!(idx.export_name(&a1), web);
+        let a2 = idx.artifact("ns", "a2").unwrap().clone();
+        assert_eq!(idx.export_name(&a2), "a2.artifact.openflux.dev");
+        // The producer's label picks the default.
+        let mut labelled = artifact("ns", "a3", Some((HTTP, "HttpSource", "web", "u1")));
+        labelled.metadata.labels =
+            Some([(DEFAULT_ARTIFACT_LABEL.to_string(), "true".to_string())].into());
+        idx.apply(&labelled);
+        let a3 = idx.artifact("ns", "a3").unwrap().clone();
+        assert_eq!(idx.export_name(&a3), web);
+        assert_eq!(idx.export_name(&a1), "a1.artifact.openflux.dev");
+        idx.delete(&labelled);
         assert_eq!(
             idx.lookup_source(None, "HttpSource", "ns", "web")
                 .unwrap()

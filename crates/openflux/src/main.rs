@@ -66,7 +66,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 openflux::webhook::serve(
                     webhook,
                     Some(shared.client.clone()),
-                    shared.index.clone(),
+                    openflux::webhook::Knowledge {
+                        index: shared.index.clone(),
+                        facts: shared.facts.clone(),
+                    },
                     metrics,
                     shared.shutdown.clone().cancelled_owned(),
                 )

@@ -237,24 +237,36 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     let spec = &artifact["spec"];
     env.apply(&artifact).await.expect("writing the Artifact");
 
-    let exported = wait_for("the ExternalArtifact export", TIMEOUT, || async {
-        let ea = env
-            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
-            .await?;
-        (field(&ea, "/status/artifact/digest")? == &spec["digest"]).then_some(ea)
+    let (artifact, exported) = support::exports::wait_export(&env, &n, "web", |e| {
+        field(e, "/status/artifact/digest") == Some(&spec["digest"])
     })
     .await;
     assert_eq!(field(&exported, "/status/artifact/url"), Some(&spec["url"]));
     assert_eq!(
-        field(&exported, "/status/artifact/revision"),
-        Some(&spec["revision"])
+        support::exports::source_revision(&exported).as_deref(),
+        spec["revision"].as_str()
     );
+    let export_ref = support::exports::reference_to(&exported);
+    let export_name = export_ref["name"].as_str().unwrap_or_default().to_string();
+    // The export is named after the source's group, kind and name.
     assert_eq!(
-        field(&exported, "/spec/sourceRef"),
-        Some(
-            &json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "namespace": n})
-        )
+        export_name,
+        format!("web.testsource.{}", TEST_SOURCE.split('/').next().unwrap())
     );
+    if support::exports::is_shadow(&exported) {
+        assert_eq!(field(&exported, "/spec/suspend"), Some(&json!(true)));
+        assert_eq!(
+            field(&exported, "/status/observedGeneration").and_then(|g| g.as_i64()),
+            exported.metadata.generation
+        );
+    } else {
+        assert_eq!(
+            field(&exported, "/spec/sourceRef"),
+            Some(
+                &json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "namespace": n})
+            )
+        );
+    }
     assert_eq!(
         ready_condition(&exported).map(|c| c.0),
         Some("True".to_string())
@@ -265,15 +277,6 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
             .get("app.kubernetes.io/managed-by")
             .map(String::as_str),
         Some("openflux")
-    );
-    let artifact = wait_for("the Artifact to report its export", TIMEOUT, || async {
-        let a = env.find(ARTIFACT, "Artifact", &n, "web").await?;
-        (ready_condition(&a)?.1 == "Exported").then_some(a)
-    })
-    .await;
-    assert_eq!(
-        field(&artifact, "/status/exportedRef/name"),
-        Some(&json!("testsource-web"))
     );
     assert_eq!(
         field(&artifact, "/status/source"),
@@ -286,7 +289,7 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         "metadata": {"name": "web", "namespace": n},
         "spec": {
             "interval": "10m", "prune": true, "path": "./", "targetNamespace": n,
-            "sourceRef": {"kind": "ExternalArtifact", "name": "testsource-web"}
+            "sourceRef": export_ref,
         }
     }))
     .await
@@ -316,9 +319,13 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         .find(KUSTOMIZE, "Kustomization", &n, "web")
         .await
         .expect("Kustomization");
+    let (_, exported2) = support::exports::wait_export(&env, &n, "web", |e| {
+        field(e, "/status/artifact/digest") == Some(&spec2["digest"])
+    })
+    .await;
     assert_eq!(
         field(&ks, "/status/lastAppliedRevision"),
-        Some(&spec2["revision"])
+        field(&exported2, "/status/artifact/revision")
     );
 
     // Deleting the custom source removes its Artifact and the export.
@@ -329,10 +336,15 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
         TIMEOUT,
         || async {
             let a = env.find(ARTIFACT, "Artifact", &n, "web").await;
-            let ea = env
-                .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
+            let export = env
+                .find(
+                    export_ref["apiVersion"].as_str().unwrap_or_default(),
+                    export_ref["kind"].as_str().unwrap_or_default(),
+                    &n,
+                    &export_name,
+                )
                 .await;
-            (a.is_none() && ea.is_none()).then_some(())
+            (a.is_none() && export.is_none()).then_some(())
         },
     )
     .await;
@@ -375,10 +387,12 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
     })
     .await;
     assert!(note.is_some_and(|n| n.contains("spec.digest")));
-    assert!(env
-        .find(SOURCE, "ExternalArtifact", &n, "artifact-nodigest")
-        .await
-        .is_none());
+    for kind in ["ExternalArtifact", "OCIRepository"] {
+        assert!(env
+            .find(SOURCE, kind, &n, "nodigest.artifact.openflux.dev")
+            .await
+            .is_none());
+    }
     // Bad input is refused by the API server itself: the digest pattern.
     let bad = env
         .apply(&json!({
@@ -436,12 +450,7 @@ async fn one_leader_writes_and_a_standby_takes_over() {
     }))
     .await
     .expect("writing the Artifact");
-    wait_for("the new leader to export", TIMEOUT, || async {
-        env.find(SOURCE, "ExternalArtifact", &n, "artifact-after-failover")
-            .await
-            .map(|_| ())
-    })
-    .await;
+    support::exports::wait_export(&env, &n, "after-failover", |_| true).await;
     drop(a);
     drop(b);
     ns.delete().await;

@@ -42,8 +42,11 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::rewrite", Layer::Pure),
     ("webhook::rewrite::refs", Layer::Pure),
     ("webhook::rewrite::targets", Layer::Pure),
+    ("webhook::rewrite::repoint", Layer::Pure),
+    ("references", Layer::Pure),
     ("certs::material", Layer::Pure),
     ("target", Layer::Pure),
+    ("facts", Layer::Pure),
     ("evidence", Layer::Pure),
     ("shadow", Layer::Pure),
     ("identity", Layer::Pure),
@@ -64,6 +67,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime", Layer::Runtime),
     ("runtime::flags", Layer::Runtime),
     ("runtime::controllers", Layer::Runtime),
+    ("runtime::consumers", Layer::Runtime),
+    ("runtime::survey", Layer::Runtime),
 ];
 
 fn crate_dir() -> PathBuf {

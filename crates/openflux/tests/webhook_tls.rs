@@ -24,7 +24,7 @@ use tokio_rustls::TlsConnector;
 
 const REVIEW: &str = include_str!("fixtures/admission/kustomization-create-custom.json");
 
-fn index() -> Arc<RwLock<OwnerIndex>> {
+fn index() -> webhook::Knowledge {
     let mut artifact = Artifact::new(
         "web-latest",
         ArtifactSpec {
@@ -44,7 +44,14 @@ fn index() -> Arc<RwLock<OwnerIndex>> {
     }]);
     let mut index = OwnerIndex::new();
     index.reset(IndexedArtifact::from_artifact(&artifact));
-    Arc::new(RwLock::new(index))
+    let facts = openflux::facts::Facts::everywhere(
+        openflux::target::Target::ExternalArtifact,
+        &[("HttpSource", "sources.openflux.dev")],
+    );
+    webhook::Knowledge {
+        index: Arc::new(RwLock::new(index)),
+        facts: Arc::new(RwLock::new(facts)),
+    }
 }
 
 /// Writes the files the way the kubelet lays out a mounted Secret: the names

@@ -210,8 +210,12 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     let ca = keeper.ca_bundle().borrow().clone();
     let index = index();
     let indexed = index.len();
+    let facts = openflux::facts::Facts::everywhere(openflux::target::Target::ExternalArtifact, &[]);
     let state = AppState {
-        index: Arc::new(RwLock::new(index)),
+        knowledge: openflux::webhook::Knowledge {
+            index: Arc::new(RwLock::new(index)),
+            facts: Arc::new(RwLock::new(facts)),
+        },
         metrics: WebhookMetrics::default(),
         options: Arc::new(Options::default()),
     };

@@ -1,17 +1,21 @@
 //! The export controller: every Artifact whose producer is not a stock Flux
-//! source is kept as an `ExternalArtifact` (source.toolkit.fluxcd.io/v1) that
-//! the unchanged Flux consumers read.
+//! source is kept as the objects the unchanged Flux consumers read: an
+//! `ExternalArtifact` (source.toolkit.fluxcd.io/v1), a shadow
+//! `OCIRepository`, or both, as [`crate::facts`] decided for the consumers
+//! of this cluster.
 //!
-//! The exported object lives in the Artifact's namespace under the name the
-//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), points
-//! back at the producing source in `spec.sourceRef` (so `flux trace` and
-//! notification Alerts work), is owned by the Artifact, and carries the
-//! Artifact in `status.artifact` with a `Ready` condition. [`plan`] decides;
-//! this module runs the controller that writes what it decided.
+//! The exported objects live in the Artifact's namespace under the name the
+//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), are
+//! owned by the Artifact, and carry the Artifact in `status.artifact` with a
+//! `Ready` condition. An exported object no longer wanted (the target or the
+//! name changed) is kept up to date until no consumer refers to it, then
+//! deleted. [`plan`] decides; this module runs the controller that writes
+//! what it decided.
 
 mod events;
 pub mod plan;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,20 +38,24 @@ use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectRefere
 use crate::controller::{apply_params, hash_of, ready, reconcile_result, Context, Error};
 use crate::index::IndexedArtifact;
 use crate::locks;
+use crate::target::Target;
 
-/// What Artifacts are exported as, once the cluster serves it: the resource,
-/// and the objects openflux exported (labelled as managed by it), as watched.
+/// One kind Artifacts can be exported as, served by the cluster: the
+/// resource, and the objects of that kind openflux exported (labelled as
+/// managed by it), as watched.
 #[derive(Clone)]
 pub struct ExportTarget {
     pub resource: ApiResource,
     pub exports: Store<DynamicObject>,
 }
 
+/// The export targets the cluster serves, by target.
+pub type ExportTargets = BTreeMap<Target, ExportTarget>;
+
 /// The export controller's context, built once per run of the controller.
 struct Exporter {
     ctx: Arc<Context>,
-    /// `None` while the cluster does not serve the export target.
-    target: Option<ExportTarget>,
+    targets: ExportTargets,
     metrics: ControllerMetrics,
 }
 
@@ -56,7 +64,7 @@ struct Exporter {
 /// sibling's arrival or departure).
 pub async fn run(
     ctx: Arc<Context>,
-    target: Option<ExportTarget>,
+    targets: ExportTargets,
     triggers: impl futures::Stream<Item = ObjectRef<Artifact>> + Send + 'static,
     concurrency: u16,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -81,7 +89,7 @@ pub async fn run(
                     .reconciles
                     .controller(&ControllerId::of::<Artifact>(), concurrency),
                 ctx,
-                target,
+                targets,
             }),
         )
         .for_each(|_| futures::future::ready(()))
@@ -121,64 +129,140 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             conditions: vec![ready(artifact, ok, reason, message)],
         };
 
-    let Some(target) = &exporter.target else {
-        let msg = "the ExternalArtifact API (source.toolkit.fluxcd.io/v1) is not served by this cluster; install Flux 2.7 or later";
+    let (wanted, reasons) = {
+        let facts = locks::read(&ctx.facts);
+        (facts.targets_in_use(), describe_choices(&facts))
+    };
+    if wanted.is_empty() {
+        let msg = format!("no Flux consumer in this cluster can read a custom source: {reasons}");
         exporter
             .set_status(
                 artifact,
-                status(false, reason::EXPORT_TARGET_MISSING, msg, None),
+                status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
             )
             .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
-    };
+    }
     let export_name = locks::read(&ctx.index).export_name(&indexed);
-    let plan = match plan(artifact, &export_name, &target.resource) {
-        Ok(p) => p,
-        Err(msg) => {
+    let namespace = &indexed.key.namespace;
+    let uid = artifact.uid().unwrap_or_default();
+    let mut exported: Vec<ObjectReference> = Vec::new();
+    for target in &wanted {
+        let Some(served) = exporter.targets.get(target) else {
+            let msg = format!("{target} is not served by this cluster (yet); waiting for it");
             exporter
                 .set_status(
                     artifact,
-                    status(false, reason::INVALID_ARTIFACT, &msg, None),
+                    status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
                 )
                 .await?;
-            return Ok(Action::await_change());
-        }
-    };
-    let namespace = &indexed.key.namespace;
-    let export = Export::new(ctx, target, namespace, &export_name);
-    let current = export.current().await?;
-    if let Some(existing) = &current {
-        if let Some(msg) = conflict(existing, &artifact.uid().unwrap_or_default()) {
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        };
+        let plan = match plan(artifact, &export_name, *target, &served.resource) {
+            Ok(p) => p,
+            Err(msg) => {
+                exporter
+                    .set_status(
+                        artifact,
+                        status(false, reason::INVALID_ARTIFACT, &msg, None),
+                    )
+                    .await?;
+                return Ok(Action::await_change());
+            }
+        };
+        let export = Export::new(ctx, served, namespace, &export_name);
+        let current = export.current().await?;
+        if let Some(msg) = current.as_ref().and_then(|c| conflict(c, &uid)) {
             exporter
                 .set_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
                 .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
+        let latest = export.write_object(&plan, current).await?;
+        if export.write_status(&plan, latest.as_ref()).await? {
+            tracing::info!(export = %export_name, kind = target.kind(), revision = %artifact.spec.revision, "exported artifact");
+        }
+        exported.push(ObjectReference {
+            api_version: served.resource.api_version.clone(),
+            kind: served.resource.kind.clone(),
+            name: export_name.clone(),
+            namespace: Some(namespace.clone()),
+        });
     }
-    let latest = export.write_object(&plan, current).await?;
-    if export.write_status(&plan, latest.as_ref()).await? {
-        tracing::info!(export = %export_name, revision = %artifact.spec.revision, "exported artifact");
-    }
-    let exported = ObjectReference {
-        api_version: target.resource.api_version.clone(),
-        kind: target.resource.kind.clone(),
-        name: export_name.clone(),
-        namespace: Some(namespace.clone()),
-    };
+    exporter
+        .retire(artifact, &uid, namespace, &export_name, &wanted)
+        .await?;
+    let kinds: Vec<&str> = exported.iter().map(|e| e.kind.as_str()).collect();
     let msg = format!(
-        "exported as {} {namespace}/{export_name} at revision '{}'",
-        target.resource.kind, artifact.spec.revision
+        "exported as {} {namespace}/{export_name} at revision '{}' ({reasons})",
+        kinds.join(" and "),
+        artifact.spec.revision
     );
     exporter
         .set_status(
             artifact,
-            status(true, reason::EXPORTED, &msg, Some(exported)),
+            status(true, reason::EXPORTED, &msg, exported.into_iter().next()),
         )
         .await?;
     Ok(Action::await_change())
 }
 
+/// The choices behind the targets, for the Artifact's message:
+/// `Kustomization: <reason>; HelmRelease: <reason>`.
+fn describe_choices(facts: &crate::facts::Facts) -> String {
+    if facts.choices.is_empty() {
+        return "no Flux consumer CRD (Kustomization, HelmRelease, ArtifactGenerator, Stack) is served".into();
+    }
+    let parts: Vec<String> = facts
+        .choices
+        .iter()
+        .map(|(kind, c)| match c {
+            Ok(c) => format!("{kind}: {}", c.reason),
+            Err(no) => format!("{kind}: {no}"),
+        })
+        .collect();
+    parts.join("; ")
+}
+
 impl Exporter {
+    /// Objects this Artifact was exported as before, under another name or
+    /// target: kept up to date while a consumer still refers to one (until
+    /// openflux has moved it), deleted once none does.
+    async fn retire(
+        &self,
+        artifact: &Artifact,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+        wanted: &BTreeSet<Target>,
+    ) -> Result<(), Error> {
+        for (target, served) in &self.targets {
+            let old: Vec<Arc<DynamicObject>> = served
+                .exports
+                .state()
+                .into_iter()
+                .filter(|o| o.namespace().as_deref() == Some(namespace))
+                .filter(|o| o.owner_references().iter().any(|r| r.uid == uid))
+                .filter(|o| !(wanted.contains(target) && o.name_any() == name))
+                .collect();
+            for object in old {
+                let old_name = object.name_any();
+                let export = Export::new(&self.ctx, served, namespace, &old_name);
+                let kind = served.resource.kind.as_str();
+                if locks::read(&self.ctx.references).refers_to(namespace, kind, &old_name) {
+                    if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource) {
+                        let latest = export.write_object(&plan, Some((*object).clone())).await?;
+                        export.write_status(&plan, latest.as_ref()).await?;
+                    }
+                    continue;
+                }
+                tracing::info!(kind, name = %old_name, namespace, "deleting an export no consumer refers to any more");
+                export.delete().await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes an Artifact's status and, when its `Ready` condition changed,
     /// emits the Event that change means.
     async fn set_status(&self, artifact: &Artifact, status: ArtifactStatus) -> Result<(), Error> {
@@ -224,6 +308,15 @@ impl<'a> Export<'a> {
         match self.target.exports.get(&key) {
             Some(cached) => Ok(Some((*cached).clone())),
             None => Ok(self.api.get_opt(self.name).await?),
+        }
+    }
+
+    /// Deletes the object (gone already is fine).
+    async fn delete(&self) -> Result<(), Error> {
+        match self.api.delete(self.name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 

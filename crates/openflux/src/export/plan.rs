@@ -14,6 +14,8 @@ use crate::api::{
     READY,
 };
 use crate::naming;
+use crate::shadow::{self, SHADOW_LABEL};
+use crate::target::Target;
 
 /// The object an Artifact is exported as, and its status.
 #[derive(Debug, PartialEq)]
@@ -24,6 +26,9 @@ pub struct ExportPlan {
     pub artifact: Value,
     /// Message of the exported object's `Ready` condition.
     pub message: String,
+    /// Whether the object is a shadow, whose status also carries
+    /// `observedGeneration` (helm-controller requires it).
+    pub shadow: bool,
 }
 
 /// Decides what `artifact` is exported as; `Err` says, for a person, why it
@@ -31,7 +36,8 @@ pub struct ExportPlan {
 pub fn plan(
     artifact: &Artifact,
     export_name: &str,
-    target: &ApiResource,
+    target: Target,
+    resource: &ApiResource,
 ) -> Result<ExportPlan, String> {
     let name = artifact.name_any();
     let namespace = artifact.namespace().unwrap_or_default();
@@ -62,16 +68,30 @@ pub fn plan(
             "namespace": namespace,
         }),
     };
+    let mut labels = json!({
+        MANAGED_BY_LABEL: MANAGED_BY,
+        ARTIFACT_LABEL: naming::label_value(&name),
+    });
+    if target.is_shadow() {
+        labels[SHADOW_LABEL] = json!("true");
+    }
+    let origin = format!(
+        "{}.{}/{namespace}/{}",
+        source_ref["kind"].as_str().unwrap_or_default(),
+        crate::api::split_api_version(source_ref["apiVersion"].as_str().unwrap_or_default()).0,
+        source_ref["name"].as_str().unwrap_or_default()
+    );
+    let object_spec = match target {
+        Target::ExternalArtifact => json!({ "sourceRef": source_ref }),
+        Target::Shadow(_) => shadow::spec(&namespace, export_name),
+    };
     let object = json!({
-        "apiVersion": target.api_version,
-        "kind": target.kind,
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
         "metadata": {
             "name": export_name,
             "namespace": namespace,
-            "labels": {
-                MANAGED_BY_LABEL: MANAGED_BY,
-                ARTIFACT_LABEL: naming::label_value(&name),
-            },
+            "labels": labels,
             "ownerReferences": [{
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -80,30 +100,48 @@ pub fn plan(
                 "controller": true,
             }],
         },
-        "spec": { "sourceRef": source_ref },
+        "spec": object_spec,
     });
     let last_update = spec
         .last_update_time
         .clone()
         .or_else(|| artifact.metadata.creation_timestamp.clone())
         .unwrap_or(Time(Timestamp::UNIX_EPOCH));
+    let (revision, path) = match target {
+        Target::ExternalArtifact => (
+            spec.revision.clone(),
+            spec.path
+                .clone()
+                .unwrap_or_else(|| path_from_url(&spec.url, &name)),
+        ),
+        Target::Shadow(_) => (
+            shadow::revision(&spec.revision, &digest),
+            shadow::path(&namespace, export_name, &digest),
+        ),
+    };
     let mut exported = json!({
         "url": spec.url,
-        "revision": spec.revision,
+        "revision": revision,
         "digest": digest,
-        "path": spec.path.clone().unwrap_or_else(|| path_from_url(&spec.url, &name)),
+        "path": path,
         "lastUpdateTime": last_update,
     });
     if let Some(size) = spec.size {
         exported["size"] = json!(size);
     }
-    if let Some(metadata) = &spec.metadata {
-        exported["metadata"] = json!(metadata);
-    }
+    let mut metadata: serde_json::Map<String, Value> = spec
+        .metadata
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    shadow::add_origin(&mut metadata, &origin, &spec.revision);
+    exported["metadata"] = Value::Object(metadata);
     Ok(ExportPlan {
         object,
         artifact: exported,
         message: format!("stored artifact for revision '{}'", spec.revision),
+        shadow: target.is_shadow(),
     })
 }
 
@@ -167,7 +205,11 @@ pub fn desired_status(
         previous.as_ref(),
         &conditions::now(),
     );
-    json!({ "artifact": plan.artifact, "conditions": [condition] })
+    let mut status = json!({ "artifact": plan.artifact, "conditions": [condition] });
+    if let (true, Some(generation)) = (plan.shadow, generation) {
+        status["observedGeneration"] = json!(generation);
+    }
+    status
 }
 
 /// Whether the exported object's status already is `desired` (ignoring the
@@ -176,7 +218,9 @@ pub fn status_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
     let Some(status) = current.data.get("status") else {
         return false;
     };
-    if status.get("artifact") != desired.get("artifact") {
+    if status.get("artifact") != desired.get("artifact")
+        || status.get("observedGeneration") != desired.get("observedGeneration")
+    {
         return false;
     }
     let strip = |v: Option<&Value>| -> Vec<Value> {
@@ -209,6 +253,10 @@ pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> 
     }
     let ns = existing.namespace().unwrap_or_default();
     let name = existing.name_any();
+    let kind = existing
+        .types
+        .as_ref()
+        .map_or("the exported object", |t| t.kind.as_str());
     Some(if managed {
         let other = existing
             .labels()
@@ -216,11 +264,11 @@ pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> 
             .cloned()
             .unwrap_or_default();
         format!(
-            "ExternalArtifact {ns}/{name} is already exported for Artifact {ns}/{other}; two sources of the same kind and name in different API groups cannot both be exported: rename one"
+            "{kind} {ns}/{name} is already exported for Artifact {ns}/{other}; rename this Artifact or its source so that their export names differ"
         )
     } else {
         format!(
-            "ExternalArtifact {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
+            "{kind} {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
         )
     })
 }
@@ -276,6 +324,7 @@ mod tests {
         let p = plan(
             &artifact(true, Some("sha256:abc")),
             "httpsource-web",
+            Target::ExternalArtifact,
             &target(),
         )
         .unwrap();
@@ -301,8 +350,53 @@ mod tests {
                 "path": "apps/web/abc.tar.gz",
                 "size": 10,
                 "lastUpdateTime": "2025-01-01T00:00:00Z",
+                "metadata": {
+                    "org.opencontainers.image.source": "HttpSource.sources.openflux.dev/apps/web",
+                    "org.opencontainers.image.revision": "latest@sha256:abc",
+                },
             })
         );
+        assert!(!p.shadow);
+    }
+
+    #[test]
+    fn shadows_are_suspended_oci_repositories_helm_controller_can_read() {
+        let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let shadow = Target::Shadow(crate::target::OciVersion::V1);
+        let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "OCIRepository");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "ocirepositories");
+        let p = plan(&artifact(true, Some(digest)), "web.x", shadow, &resource).unwrap();
+        assert!(p.shadow);
+        assert_eq!(p.object["kind"], "OCIRepository");
+        assert_eq!(p.object["metadata"]["labels"][SHADOW_LABEL], "true");
+        assert_eq!(p.object["spec"]["suspend"], true);
+        assert!(p.object["spec"].get("sourceRef").is_none());
+        // A revision helm-controller cannot parse becomes the digest; the
+        // producer's stays in the origin metadata.
+        assert_eq!(p.artifact["revision"], digest);
+        assert_eq!(
+            p.artifact["metadata"]["org.opencontainers.image.revision"],
+            "latest@sha256:abc"
+        );
+        assert!(p.artifact["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("openflux/apps/web.x/"));
+        let status = desired_status(None, &p, Some(3));
+        assert_eq!(status["observedGeneration"], 3);
+        let conditions = status["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1, "only Ready: {status}");
+        // An ExternalArtifact's status has no observedGeneration.
+        let ea = plan(
+            &artifact(true, Some(digest)),
+            "web.x",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        assert!(desired_status(None, &ea, Some(3))
+            .get("observedGeneration")
+            .is_none());
     }
 
     #[test]
@@ -310,6 +404,7 @@ mod tests {
         let p = plan(
             &artifact(false, Some("sha256:abc")),
             "artifact-web",
+            Target::ExternalArtifact,
             &target(),
         )
         .unwrap();
@@ -322,11 +417,17 @@ mod tests {
 
     #[test]
     fn refuses_artifacts_flux_could_not_use() {
-        let err = plan(&artifact(true, None), "x", &target()).unwrap_err();
+        let err = plan(
+            &artifact(true, None),
+            "x",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap_err();
         assert!(err.contains("spec.digest is missing"), "{err}");
         let mut a = artifact(true, Some("sha256:abc"));
         a.spec.url = "file:///etc/passwd".into();
-        assert!(plan(&a, "x", &target())
+        assert!(plan(&a, "x", Target::ExternalArtifact, &target())
             .unwrap_err()
             .contains("not an http"));
     }
@@ -347,6 +448,7 @@ mod tests {
         let p = plan(
             &artifact(true, Some("sha256:abc")),
             "httpsource-web",
+            Target::ExternalArtifact,
             &target(),
         )
         .unwrap();
@@ -362,7 +464,13 @@ mod tests {
         // A new revision changes the status.
         let mut newer = artifact(true, Some("sha256:def"));
         newer.spec.revision = "latest@sha256:def".into();
-        let p2 = plan(&newer, "httpsource-web", &target()).unwrap();
+        let p2 = plan(
+            &newer,
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
         assert!(!status_up_to_date(
             &current,
             &desired_status(Some(&current), &p2, Some(1))
@@ -374,6 +482,7 @@ mod tests {
         let p = plan(
             &artifact(true, Some("sha256:abc")),
             "httpsource-web",
+            Target::ExternalArtifact,
             &target(),
         )
         .unwrap();

@@ -94,11 +94,14 @@ pub fn plan(
     Ok(Plan::Mirror(Box::new(artifact)))
 }
 
-/// Whether `source` is an object openflux exported itself: mirroring it
-/// would loop.
+/// Whether `source` is an object openflux exported itself (an
+/// ExternalArtifact, or a shadow of any kind): mirroring it would loop.
 pub fn is_own_export(stock: &StockSource, source: &DynamicObject) -> bool {
-    *stock == StockSource::EXTERNAL_ARTIFACT
-        && source.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+    let labels = source.labels();
+    let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    managed
+        && (*stock == StockSource::EXTERNAL_ARTIFACT
+            || labels.contains_key(crate::shadow::SHADOW_LABEL))
 }
 
 /// Drops what the mirror never reads from a cached source object.

@@ -1,28 +1,37 @@
 //! The controllers of the elected leader: a mirror for every stock source
 //! kind the cluster serves (kinds whose CRDs appear later are picked up),
-//! the export controller, and the wakes the router decided on, handed to
-//! them. One task owns all of it, so nothing here is shared or locked.
+//! the export controller with a watch of each export target the cluster
+//! serves, the consumers' watches and re-pointing ([`super::consumers`]),
+//! and the wakes the router decided on, handed to them. One task owns all
+//! of it, so nothing here is shared or locked.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::channel::mpsc::{unbounded, UnboundedSender};
-use kube::core::{ApiResource, DynamicObject};
+use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+use kube::ResourceExt;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::consumers::{Consumers, Look, Sinks};
 use super::router::{Event, Wake};
 use super::watch::{without_managed_fields, Hub, Scope, Watch};
-use crate::api::{Artifact, StockSource, STOCK_SOURCES};
+use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
 use crate::controller::Context;
-use crate::export::{self, ExportTarget};
+use crate::export::{self, ExportTarget, ExportTargets};
+use crate::locks;
 use crate::mirror::{self, Mirror};
+use crate::target::Target;
 use crate::telemetry::Readiness;
+use crate::webhook::rewrite::repoint::ObjectKey;
 
 /// How often the leader looks for source kinds the cluster did not serve yet.
 pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
@@ -37,8 +46,8 @@ struct Mirrored {
 /// The running export controller.
 struct Exporting {
     wake: UnboundedSender<ObjectRef<Artifact>>,
-    /// Whether it runs with the export target (or only reports it missing).
-    has_target: bool,
+    /// The export targets it runs with.
+    targets: BTreeSet<Target>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -46,6 +55,7 @@ struct Exporting {
 /// Everything the leader runs.
 pub struct Controllers {
     ctx: Arc<Context>,
+    facts_seen: tokio::sync::watch::Receiver<u64>,
     hub: Hub,
     scope: Scope,
     concurrency: u16,
@@ -53,14 +63,21 @@ pub struct Controllers {
     shutdown: CancellationToken,
     mirrors: HashMap<&'static str, Mirrored>,
     export: Option<Exporting>,
-    target: Option<ExportTarget>,
+    targets: ExportTargets,
     reported_missing: BTreeSet<&'static str>,
+    consumers: Consumers,
+    looks: (UnboundedSender<Look>, UnboundedReceiver<Look>),
+    freed: (
+        UnboundedSender<Vec<ObjectKey>>,
+        UnboundedReceiver<Vec<ObjectKey>>,
+    ),
     tasks: JoinSet<()>,
 }
 
 impl Controllers {
     pub fn new(
         ctx: Arc<Context>,
+        facts_seen: tokio::sync::watch::Receiver<u64>,
         hub: Hub,
         scope: Scope,
         concurrency: u16,
@@ -69,6 +86,7 @@ impl Controllers {
     ) -> Self {
         Self {
             ctx,
+            facts_seen,
             hub,
             scope,
             concurrency,
@@ -76,8 +94,11 @@ impl Controllers {
             shutdown,
             mirrors: HashMap::new(),
             export: None,
-            target: None,
+            targets: ExportTargets::new(),
             reported_missing: BTreeSet::new(),
+            consumers: Consumers::default(),
+            looks: unbounded(),
+            freed: unbounded(),
             tasks: JoinSet::new(),
         }
     }
@@ -88,9 +109,22 @@ impl Controllers {
         let mut discovery = tokio::time::interval(DISCOVERY_PERIOD);
         discovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let everything_found = self.mirrors.len() == STOCK_SOURCES.len();
             tokio::select! {
-                _ = discovery.tick(), if !everything_found => self.discover().await,
+                _ = discovery.tick() => self.discover().await,
+                changed = self.facts_seen.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    // New export targets: export every Artifact anew, and
+                    // move every consumer that should move.
+                    self.discover().await;
+                    self.wake_everything();
+                    for look in self.consumers.everyone() {
+                        let _ = self.looks.0.unbounded_send(look);
+                    }
+                }
+                Some(look) = self.looks.1.next() => self.consumers.look(&self.ctx, look).await,
+                Some(freed) = self.freed.1.next() => self.wake_owners_of(&freed),
                 batch = wakes.recv() => match batch {
                     Ok(batch) => self.wake(&batch),
                     Err(RecvError::Lagged(missed)) => {
@@ -108,9 +142,9 @@ impl Controllers {
         while self.tasks.join_next().await.is_some() {}
     }
 
-    /// Starts a mirror for each stock kind the cluster serves now, and the
-    /// export controller once the first pass knows whether its target is
-    /// served (again when the target appears later).
+    /// Starts a mirror for each stock kind the cluster serves now, a watch
+    /// of each export target and consumer kind the survey found, and the
+    /// export controller (again when the served targets change).
     async fn discover(&mut self) {
         for stock in STOCK_SOURCES.iter() {
             if self.mirrors.contains_key(stock.kind) {
@@ -123,22 +157,94 @@ impl Controllers {
                 continue;
             };
             tracing::info!(kind = stock.kind, version = %resource.version, "mirroring source kind");
-            if *stock == StockSource::EXTERNAL_ARTIFACT {
-                self.target = Some(self.watch_exports(&resource));
-            }
             self.start_mirror(stock, resource);
         }
+        let (cluster, synced) = {
+            let facts = locks::read(&self.ctx.facts);
+            (facts.cluster.clone(), facts.synced)
+        };
+        if !synced {
+            return;
+        }
+        let mut served = Vec::new();
+        if cluster.external_artifact_served {
+            served.push(Target::ExternalArtifact);
+        }
+        if let Some(version) = cluster.oci_repository {
+            served.push(Target::Shadow(version));
+        }
+        for target in served {
+            if !self.targets.contains_key(&target) {
+                let resource = target_resource(target);
+                let watched = self.watch_exports(&resource);
+                self.targets.insert(target, watched);
+            }
+        }
+        let (ctx, scope, readiness) =
+            (self.ctx.clone(), self.scope.clone(), self.readiness.clone());
+        let sinks = Sinks {
+            look: self.looks.0.clone(),
+            freed: self.freed.0.clone(),
+        };
+        self.consumers.start(
+            (&ctx, &scope, &readiness),
+            &sinks,
+            &mut self.tasks,
+            &self.shutdown,
+        );
+        let current: BTreeSet<Target> = self.targets.keys().copied().collect();
         match &self.export {
-            None => self.start_export(),
-            Some(running) if !running.has_target && self.target.is_some() => {
+            Some(running) if running.targets == current => {}
+            _ => {
                 if let Some(old) = self.export.take() {
                     old.stop.cancel();
                     let _ = old.task.await;
                 }
                 self.start_export();
             }
-            Some(_) => {}
         }
+    }
+
+    /// Wakes the export of the Artifacts owning these exported objects.
+    fn wake_owners_of(&self, objects: &[ObjectKey]) {
+        let Some(export) = &self.export else { return };
+        for key in objects {
+            for served in self.targets.values() {
+                if served.resource.kind != key.kind {
+                    continue;
+                }
+                let r =
+                    ObjectRef::new_with(&key.name, served.resource.clone()).within(&key.namespace);
+                let Some(object) = served.exports.get(&r) else {
+                    continue;
+                };
+                for owner in object.owner_references() {
+                    let artifact = ObjectRef::new(&owner.name).within(&key.namespace);
+                    let _ = export.wake.unbounded_send(artifact);
+                }
+            }
+        }
+    }
+
+    /// Takes source-controller's finalizer off a shadow being deleted.
+    fn release(&mut self, kind: &str, namespace: &str, name: &str) {
+        let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) else {
+            return;
+        };
+        let api = Api::<DynamicObject>::namespaced_with(
+            self.ctx.client.clone(),
+            namespace,
+            &served.resource,
+        );
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.tasks.spawn(async move {
+            let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => tracing::info!(%namespace, %name, "released a deleted shadow from its finalizer"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => tracing::warn!(%namespace, %name, %error, "cannot release a deleted shadow from its finalizer"),
+            }
+        });
     }
 
     fn start_mirror(&mut self, stock: &'static StockSource, resource: ApiResource) {
@@ -193,7 +299,7 @@ impl Controllers {
                 .any_semantic(),
             slim: without_managed_fields,
             what: "exported objects".to_string(),
-            hint: "can openflux list and watch ExternalArtifacts? see its ClusterRole",
+            hint: "can openflux list and watch ExternalArtifacts and OCIRepositories? see its ClusterRole",
         };
         self.tasks.spawn(watch.run(
             writer,
@@ -212,14 +318,14 @@ impl Controllers {
         let stop = self.shutdown.child_token();
         let task = tokio::spawn(export::run(
             self.ctx.clone(),
-            self.target.clone(),
+            self.targets.clone(),
             triggers,
             self.concurrency,
             stop.clone().cancelled_owned(),
         ));
         let running = Exporting {
             wake,
-            has_target: self.target.is_some(),
+            targets: self.targets.keys().copied().collect(),
             stop,
             task,
         };
@@ -233,7 +339,7 @@ impl Controllers {
 
     /// Hands each wake to the controller it names; a controller that does
     /// not run (yet) looks at everything when it starts.
-    fn wake(&self, batch: &[Wake]) {
+    fn wake(&mut self, batch: &[Wake]) {
         for wake in batch {
             match wake {
                 Wake::Export(key) => {
@@ -242,6 +348,11 @@ impl Controllers {
                         let _ = export.wake.unbounded_send(artifact);
                     }
                 }
+                Wake::Release {
+                    kind,
+                    namespace,
+                    name,
+                } => self.release(kind, namespace, name),
                 Wake::Mirror {
                     source,
                     namespace,
@@ -272,4 +383,14 @@ impl Controllers {
             }
         }
     }
+}
+
+/// The resource of an export target.
+fn target_resource(target: Target) -> ApiResource {
+    let version = target
+        .api_version()
+        .rsplit_once('/')
+        .map_or("v1", |(_, v)| v);
+    let gvk = GroupVersionKind::gvk(FLUX_SOURCE_GROUP, version, target.kind());
+    ApiResource::from_gvk_with_plural(&gvk, target.plural())
 }

@@ -5,6 +5,7 @@
 use openflux_api::runtime::flags::{FlagError, RuntimeArgs};
 
 use super::watch::Scope;
+use crate::target::ExportMode;
 
 /// Name of the leader election Lease, in the runtime namespace.
 pub const LEADER_ELECTION_ID: &str = "openflux-leader-election";
@@ -18,6 +19,21 @@ pub struct RunArgs {
     /// `--watch-label-selector` and `--namespace`.
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    /// What custom sources are exported as: `external-artifact`
+    /// (ExternalArtifact; the consumers' controllers must accept it),
+    /// `shadow` (a suspended OCIRepository whose status openflux writes;
+    /// every Flux from 2.3 reads it), or `auto`: ExternalArtifact for each
+    /// consumer whose controller accepts it, a shadow for the others.
+    #[arg(long, default_value = "auto", value_parser = parse_export_mode)]
+    pub export: ExportMode,
+    /// Namespace of the Flux controllers, whose Deployments say whether
+    /// their ExternalArtifact feature gate is on.
+    #[arg(long, default_value = "flux-system")]
+    pub flux_namespace: String,
+}
+
+fn parse_export_mode(value: &str) -> Result<ExportMode, String> {
+    value.parse()
 }
 
 impl RunArgs {
@@ -67,6 +83,15 @@ mod tests {
         assert!(run.runtime.leader_election.enable_leader_election);
         assert!(run.runtime.events_url().is_some());
         assert!(parsed(&["openflux", "--log-encoding=xml"]).is_err());
+        assert_eq!(parsed(&["openflux"]).unwrap().export, ExportMode::Auto);
+        assert_eq!(
+            parsed(&["openflux", "--export=shadow"]).unwrap().export,
+            ExportMode::Shadow
+        );
+        let bad = parsed(&["openflux", "--export=bucket"])
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("auto, external-artifact or shadow"), "{bad}");
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //! - [`controllers`]: the leader's mirrors and export controller;
 //! - [`flags`]: the command line.
 
+pub mod consumers;
 pub mod controllers;
 pub mod flags;
 pub mod router;
+pub mod survey;
 pub mod watch;
 
 use std::sync::{Arc, Mutex, RwLock};
@@ -34,6 +36,7 @@ use self::router::Event;
 use self::watch::{without_managed_fields, Hub, Watch};
 use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
+use crate::facts::Facts;
 use crate::gate::{self, GateMetrics};
 use crate::index::OwnerIndex;
 use crate::telemetry::{self, Metrics, Readiness};
@@ -45,6 +48,7 @@ const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
 pub struct Shared {
     pub client: Client,
     pub index: Arc<RwLock<OwnerIndex>>,
+    pub facts: Arc<RwLock<Facts>>,
     pub registry: Arc<Mutex<Registry>>,
     pub readiness: Arc<Readiness>,
     pub shutdown: CancellationToken,
@@ -63,9 +67,11 @@ where
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let gate_metrics = GateMetrics::register(&mut registry);
+    let target_metrics = survey::TargetMetrics::register(&mut registry);
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
+        facts: Arc::new(RwLock::new(Facts::default())),
         registry: Arc::new(Mutex::new(registry)),
         readiness: Arc::new(Readiness::default()),
         shutdown: CancellationToken::new(),
@@ -90,7 +96,19 @@ where
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
         events: event_recorder(&client, runtime)?,
+        facts: shared.facts.clone(),
+        references: Default::default(),
     });
+    let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
+    let survey = survey::Survey {
+        client: client.clone(),
+        mode: args.export,
+        flux_namespace: args.flux_namespace.clone(),
+        facts: shared.facts.clone(),
+        changed: facts_changed,
+        metrics: target_metrics,
+    };
+    tokio::spawn(survey.run(shared.readiness.watch_started(), shutdown.clone()));
     let hub = Hub::new(shared.index.clone(), metrics.clone());
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
@@ -142,6 +160,7 @@ where
         ));
         let controllers = Controllers::new(
             ctx,
+            facts_seen,
             hub,
             scope,
             runtime.concurrent,

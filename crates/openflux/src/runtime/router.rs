@@ -31,6 +31,7 @@ use kube::ResourceExt;
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
 use crate::mirror::plan::is_own_export;
+use crate::shadow::SHADOW_LABEL;
 
 /// What a watch saw.
 #[derive(Debug)]
@@ -59,6 +60,14 @@ pub enum Event<'a> {
 pub enum Wake {
     /// The export controller, for this Artifact.
     Export(ArtifactKey),
+    /// A shadow being deleted still carries source-controller's finalizer:
+    /// take it off (source-controller stores nothing for a shadow, and may
+    /// not run).
+    Release {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
     /// The mirror of a stock source kind, for this source.
     Mirror {
         source: &'static str,
@@ -91,7 +100,8 @@ pub fn route(event: &Event<'_>, index: &OwnerIndex) -> Routed {
         Event::Exported(change) => Routed {
             index: None,
             wake: match change {
-                Change::Applied(object) | Change::Deleted(object) => owners(object).collect(),
+                Change::Applied(object) => owners(object).chain(release(object)).collect(),
+                Change::Deleted(object) => owners(object).collect(),
                 Change::Relisted(all) => all.iter().flat_map(|o| owners(o)).collect(),
             },
         },
@@ -172,6 +182,25 @@ fn mirror_wake(stock: &'static StockSource, source: &DynamicObject) -> Option<Wa
 }
 
 /// The Artifacts that own an exported object.
+fn release(object: &DynamicObject) -> Option<Wake> {
+    let shadow = object.labels().contains_key(SHADOW_LABEL);
+    let finalized = object
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| !f.is_empty());
+    let deleting = object.metadata.deletion_timestamp.is_some();
+    (shadow && finalized && deleting).then(|| Wake::Release {
+        kind: object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default(),
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    })
+}
+
 fn owners(object: &DynamicObject) -> impl Iterator<Item = Wake> + '_ {
     let namespace = object.namespace().unwrap_or_default();
     object

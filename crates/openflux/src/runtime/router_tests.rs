@@ -106,6 +106,11 @@ fn describe(routed: &Routed) -> (String, Vec<String>) {
                 namespace,
                 name,
             } => format!("mirror {source} {namespace}/{name}"),
+            Wake::Release {
+                kind,
+                namespace,
+                name,
+            } => format!("release {kind} {namespace}/{name}"),
         })
         .collect();
     (index, wake)

@@ -39,6 +39,19 @@ pub struct ForbiddenRef {
     pub hint: &'static str,
 }
 
+/// What reads a consumer's references, as far as ExternalArtifact goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// A Flux controller that reads ExternalArtifact only with its
+    /// `ExternalArtifact` feature gate on; the name is its Deployment's
+    /// `app.kubernetes.io/component` label.
+    Gated(&'static str),
+    /// A controller that reads ExternalArtifact without a gate.
+    Ungated,
+    /// A controller that may not read ExternalArtifact, and why.
+    NoExternalArtifact(&'static str),
+}
+
 /// A Flux object kind that consumes source artifacts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Consumer {
@@ -52,10 +65,12 @@ pub struct Consumer {
     pub refs: RefField,
     /// A field openflux refuses custom sources in, if any.
     pub forbidden: Option<ForbiddenRef>,
+    /// The controller that reads the references.
+    pub reader: Reader,
 }
 
 /// Every consumer openflux handles.
-pub static CONSUMERS: [Consumer; 3] = [
+pub static CONSUMERS: [Consumer; 4] = [
     Consumer {
         kind: "Kustomization",
         group: "kustomize.toolkit.fluxcd.io",
@@ -73,6 +88,7 @@ pub static CONSUMERS: [Consumer; 3] = [
             ],
         },
         forbidden: None,
+        reader: Reader::Gated("kustomize-controller"),
     },
     Consumer {
         kind: "HelmRelease",
@@ -104,6 +120,7 @@ pub static CONSUMERS: [Consumer; 3] = [
                    or Bucket only; reference a custom source whose artifact is a packaged chart \
                    with spec.chartRef instead",
         }),
+        reader: Reader::Gated("helm-controller"),
     },
     Consumer {
         kind: "ArtifactGenerator",
@@ -123,6 +140,28 @@ pub static CONSUMERS: [Consumer; 3] = [
             ],
         },
         forbidden: None,
+        reader: Reader::Ungated,
+    },
+    Consumer {
+        kind: "Stack",
+        group: "pulumi.com",
+        version: "v1",
+        resource: "stacks",
+        refs: RefField {
+            path: &["spec", "fluxSource", "sourceRef"],
+            shape: RefShape::One,
+            has_api_version: true,
+            stock_kinds: &[
+                StockSource::BUCKET,
+                StockSource::GIT_REPOSITORY,
+                StockSource::OCI_REPOSITORY,
+            ],
+        },
+        forbidden: None,
+        reader: Reader::NoExternalArtifact(
+            "the Pulumi Kubernetes Operator's default role reads only Buckets, GitRepositories \
+             and OCIRepositories",
+        ),
     },
 ];
 

@@ -22,7 +22,7 @@ pub mod server;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,7 +30,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::certs::{self, CertFiles, CertKeeper, CertSource};
-use crate::index::OwnerIndex;
+
+pub use server::Knowledge;
 
 pub use decision::{Decision, Options};
 pub use metrics::{register, WebhookMetrics};
@@ -103,14 +104,14 @@ impl WebhookArgs {
 pub async fn serve(
     args: WebhookArgs,
     client: Option<kube::Client>,
-    index: Arc<RwLock<OwnerIndex>>,
+    knowledge: Knowledge,
     metrics: WebhookMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.webhook_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.webhook_addr))?;
-    serve_on(listener, args, client, index, metrics, shutdown).await
+    serve_on(listener, args, client, knowledge, metrics, shutdown).await
 }
 
 /// [`serve`] on a listener already bound (tests bind port 0).
@@ -118,7 +119,7 @@ pub async fn serve_on(
     listener: TcpListener,
     args: WebhookArgs,
     client: Option<kube::Client>,
-    index: Arc<RwLock<OwnerIndex>>,
+    knowledge: Knowledge,
     metrics: WebhookMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -147,7 +148,7 @@ pub async fn serve_on(
     }
 
     let app = server::router(server::AppState {
-        index,
+        knowledge,
         metrics,
         options: Arc::new(args.options()),
     });
@@ -221,7 +222,7 @@ mod tests {
         let future = serve(
             cli.webhook,
             None,
-            Arc::new(RwLock::new(OwnerIndex::new())),
+            Knowledge::default(),
             WebhookMetrics::default(),
             async {},
         );

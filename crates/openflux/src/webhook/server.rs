@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -26,6 +26,7 @@ use super::decision::{Decision, Options};
 use super::metrics::WebhookMetrics;
 use super::review::{self, ReviewError};
 use super::rewrite::decide;
+use crate::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::locks;
 
@@ -43,7 +44,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// What the request handler needs.
 #[derive(Clone)]
 pub struct AppState {
-    pub index: Arc<RwLock<OwnerIndex>>,
+    pub knowledge: Knowledge,
     pub metrics: WebhookMetrics,
     pub options: Arc<Options>,
 }
@@ -95,8 +96,13 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
     );
     let mut decision = {
         // Hold the read lock for the decision only; it never crosses an await.
-        let index = locks::read(&state.index);
-        decide(&request, &index, &state.options)
+        let index = locks::read(&state.knowledge.index);
+        let facts = locks::read(&state.knowledge.facts);
+        let view = super::rewrite::View {
+            index: &index,
+            facts: &facts,
+        };
+        decide(&request, view, &state.options)
     };
     let answer = review::response(&request.uid, &decision).unwrap_or_else(|error| {
         decision = Decision::internal(error.to_string());
@@ -216,18 +222,30 @@ async fn connection(
     }
 }
 
+/// What the webhook decides from, kept up to date by openflux's watches:
+/// the owner index and the export targets.
+#[derive(Clone, Default)]
+pub struct Knowledge {
+    pub index: Arc<std::sync::RwLock<OwnerIndex>>,
+    pub facts: Arc<std::sync::RwLock<Facts>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
+    use std::sync::RwLock;
     use tower::ServiceExt;
 
     fn app() -> Router {
         let mut index = OwnerIndex::new();
         index.reset([]);
         router(AppState {
-            index: Arc::new(RwLock::new(index)),
+            knowledge: Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts: Default::default(),
+            },
             metrics: WebhookMetrics::default(),
             options: Arc::new(Options::default()),
         })

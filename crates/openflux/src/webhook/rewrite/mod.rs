@@ -30,19 +30,29 @@ use super::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
 use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
 use crate::api::{self, FLUX_SOURCE_GROUP};
+use crate::facts::Facts;
+use crate::identity;
 use crate::index::OwnerIndex;
 
 mod refs;
+pub mod repoint;
 mod targets;
 
 pub use refs::SourceRef;
 use refs::{annotation_of, annotation_op, compact, locate, Located};
 use targets::Resolver;
-pub use targets::{EXPORT_API_VERSION, EXPORT_KIND};
+
+/// What a decision reads besides the request: the owner index and the
+/// export targets, both kept up to date by the watches.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub index: &'a OwnerIndex,
+    pub facts: &'a Facts,
+}
 
 /// Decides one admission request. Never panics and makes no I/O.
-pub fn decide(request: &AdmissionRequest, index: &OwnerIndex, options: &Options) -> Decision {
-    match Decider::new(request, index, options) {
+pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
+    match Decider::new(request, view, options) {
         Ok(Some(decider)) => decider.run().unwrap_or_else(|stop| stop),
         Ok(None) => Decision::Unchanged,
         Err(stop) => stop,
@@ -60,7 +70,7 @@ struct Rewritten {
 
 struct Decider<'a> {
     request: &'a AdmissionRequest,
-    index: &'a OwnerIndex,
+    view: View<'a>,
     options: &'a Options,
     consumer: &'static Consumer,
     object: &'a Value,
@@ -74,7 +84,7 @@ impl<'a> Decider<'a> {
     /// an object being deleted).
     fn new(
         request: &'a AdmissionRequest,
-        index: &'a OwnerIndex,
+        view: View<'a>,
         options: &'a Options,
     ) -> Result<Option<Self>, Decision> {
         if !matches!(request.operation, Operation::Create | Operation::Update) {
@@ -131,7 +141,7 @@ impl<'a> Decider<'a> {
         }
         Ok(Some(Self {
             request,
-            index,
+            view,
             options,
             consumer,
             object,
@@ -189,7 +199,8 @@ impl<'a> Decider<'a> {
 
     fn resolver(&self) -> Resolver<'_> {
         Resolver {
-            index: self.index,
+            index: self.view.index,
+            facts: self.view.facts,
             consumer: self.consumer,
             display: &self.display,
         }
@@ -234,11 +245,11 @@ impl<'a> Decider<'a> {
                 ),
             });
         }
-        if !self.index.is_synced() {
+        if !self.view.index.is_synced() || !self.view.facts.synced {
             return Err(Decision::Error {
                 code: 503,
                 message: format!(
-                    "openflux has not finished loading its Artifacts and cannot resolve {} {source_ns}/{} yet; \
+                    "openflux has not finished loading its Artifacts and export targets and cannot resolve {} {source_ns}/{} yet; \
                      retry in a few seconds",
                     r.kind, r.name
                 ),
@@ -249,7 +260,7 @@ impl<'a> Decider<'a> {
             self.resolver()
                 .artifact_target(field, found, source_ns, &r.name)?
         } else {
-            self.resolver().source_target(field, found, &r, source_ns)?
+            self.resolver().source_target(found, &r, source_ns)?
         };
         let mut value = found.value.clone();
         if let Some(fields) = value.as_object_mut() {
@@ -317,10 +328,12 @@ impl<'a> Decider<'a> {
                 {
                     for found in locate(self.object, field, &self.display)? {
                         let Some(key) = &found.key else { continue };
-                        let exported = SourceRef::from_value(found.value).is_ok_and(|r| {
-                            r.kind == EXPORT_KIND && is_stock_ref(r.api_version.as_deref(), &r.kind)
-                        });
-                        if let (true, Some(original)) = (exported, previous.get(key)) {
+                        let (Ok(now), Some(original)) =
+                            (SourceRef::from_value(found.value), previous.get(key))
+                        else {
+                            continue;
+                        };
+                        if is_export_of(original, &now) {
                             map.insert(key.clone(), original.clone());
                         }
                     }
@@ -334,6 +347,15 @@ impl<'a> Decider<'a> {
             }
         }
     }
+}
+
+/// Whether `now` is the export openflux points a reference to `original` at
+/// (of either target kind, under the current or an earlier naming).
+pub fn is_export_of(original: &SourceRef, now: &SourceRef) -> bool {
+    let export_kind = matches!(now.kind.as_str(), "ExternalArtifact" | "OCIRepository");
+    export_kind
+        && is_stock_ref(now.api_version.as_deref(), &now.kind)
+        && identity::is_export_name(original.group(), &original.kind, &original.name, &now.name)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ impl SourceRef {
         })
     }
 
-    pub(super) fn group(&self) -> Option<&str> {
+    pub fn group(&self) -> Option<&str> {
         self.api_version.as_deref().map(|v| split_api_version(v).0)
     }
 }

@@ -3,16 +3,12 @@
 //! mirrored from. Decided from the owner index alone.
 
 use super::refs::{Located, SourceRef};
-use crate::api::{self, StockSource};
+use crate::api;
+use crate::facts::Facts;
+use crate::identity;
 use crate::index::{LookupError, OwnerIndex};
-use crate::naming;
 use crate::webhook::consumers::{Consumer, RefField};
 use crate::webhook::decision::Decision;
-
-/// The kind openflux exports custom sources as.
-pub const EXPORT_KIND: &str = StockSource::EXTERNAL_ARTIFACT.kind;
-/// The `apiVersion` openflux exports custom sources as.
-pub const EXPORT_API_VERSION: &str = "source.toolkit.fluxcd.io/v1";
 
 /// Where a resolved reference points.
 pub(super) struct Target {
@@ -22,29 +18,79 @@ pub(super) struct Target {
     pub(super) warning: Option<String>,
 }
 
-fn export_target(name: String) -> Target {
-    Target {
-        api_version: EXPORT_API_VERSION.to_string(),
-        kind: EXPORT_KIND.to_string(),
-        name,
-        warning: None,
-    }
-}
-
-/// What resolving a reference reads: the owner index, and the object being
-/// decided on, for messages.
+/// What resolving a reference reads: the owner index, the export targets,
+/// and the object being decided on, for messages.
 pub(super) struct Resolver<'a> {
     pub(super) index: &'a OwnerIndex,
+    pub(super) facts: &'a Facts,
     pub(super) consumer: &'static Consumer,
     /// `Kind ns/name` of the object.
     pub(super) display: &'a str,
 }
 
 impl Resolver<'_> {
+    /// The exported object named `name`, of the kind this consumer gets.
+    fn export(&self, name: String, warning: Option<String>) -> Result<Target, Decision> {
+        let choice = self
+            .facts
+            .target(self.consumer)
+            .map_err(|no| Decision::Deny {
+                message: format!(
+                    "openflux: {} cannot be pointed at a custom source: {no}",
+                    self.display
+                ),
+            })?;
+        Ok(Target {
+            api_version: choice.target.api_version().to_string(),
+            kind: choice.target.kind().to_string(),
+            name,
+            warning,
+        })
+    }
+
+    /// The API group of a custom kind referenced without `apiVersion`, from
+    /// the kinds the cluster serves.
+    fn group_of(
+        &self,
+        found: &Located<'_>,
+        r: &SourceRef,
+        namespace: &str,
+    ) -> Result<String, Decision> {
+        let groups: Vec<&String> = self
+            .facts
+            .groups_of(&r.kind)
+            .into_iter()
+            .flatten()
+            .filter(|g| g.as_str() != api::FLUX_SOURCE_GROUP)
+            .collect();
+        match groups.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to kind {} in {}, which no API of this cluster serves; install \
+                     the CRD of that source kind first (if you just did, apply again in a few seconds), \
+                     or correct the kind",
+                    self.display, r.kind, found.label
+                ),
+            }),
+            many => Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to {} {namespace}/{} in {} without apiVersion, and several APIs \
+                     serve that kind: {}; set apiVersion in {} to pick one",
+                    self.display,
+                    r.kind,
+                    r.name,
+                    found.label,
+                    many.iter().map(|g| format!("{}.{g}", r.kind)).collect::<Vec<_>>().join(", "),
+                    found.label
+                ),
+            }),
+        }
+    }
+
     /// Where a reference to a (custom) source points.
     pub(super) fn source_target(
         &self,
-        field: &RefField,
         found: &Located<'_>,
         r: &SourceRef,
         namespace: &str,
@@ -63,45 +109,22 @@ impl Resolver<'_> {
                 ),
             }),
             Ok(None) => {
-                let name = naming::export_name(&r.kind, &r.name);
-                Ok(Target {
-                    warning: Some(format!(
-                        "{} {namespace}/{} has no Artifact yet; Flux will wait until openflux exports \
-                         {EXPORT_KIND} {namespace}/{name}",
-                        r.kind, r.name
-                    )),
-                    ..export_target(name)
-                })
+                let group = match r.group() {
+                    Some(g) => g.to_string(),
+                    None => self.group_of(found, r, namespace)?,
+                };
+                let name = identity::source_export_name(&group, &r.kind, &r.name);
+                let warning = format!(
+                    "{} {namespace}/{} has no Artifact yet; Flux will wait until openflux exports it as {namespace}/{name}",
+                    r.kind, r.name
+                );
+                self.export(name, Some(warning))
             }
-            Ok(Some(found_source)) => match found_source.artifacts.as_slice() {
-                [one] => {
-                    let name = self
-                        .index
-                        .artifact(namespace, one)
-                        .map(|a| self.index.export_name(a))
-                        .unwrap_or_else(|| naming::export_name(&r.kind, &r.name));
-                    Ok(export_target(name))
-                }
-                many => {
-                    let how = if field.has_api_version {
-                        format!("apiVersion: {}, kind: {}", api::API_VERSION, api::KIND)
-                    } else {
-                        format!("kind: {}", api::KIND)
-                    };
-                    Err(Decision::Deny {
-                        message: format!(
-                            "openflux: {} {namespace}/{} has {} Artifacts ({}), so {} of {} is ambiguous; \
-                             reference one of them with {how} and its name",
-                            r.kind,
-                            r.name,
-                            many.len(),
-                            many.join(", "),
-                            found.label,
-                            self.display
-                        ),
-                    })
-                }
-            },
+            Ok(Some(m)) => {
+                let name =
+                    identity::source_export_name(&m.source.group, &m.source.kind, &m.source.name);
+                self.export(name, None)
+            }
         }
     }
 
@@ -115,15 +138,13 @@ impl Resolver<'_> {
         name: &str,
     ) -> Result<Target, Decision> {
         let Some(artifact) = self.index.artifact(namespace, name) else {
-            let export = naming::export_name_for_artifact(name);
-            return Ok(Target {
-                warning: Some(format!(
-                    "{} {namespace}/{name} does not exist yet; Flux will wait until openflux exports \
-                     {EXPORT_KIND} {namespace}/{export}",
-                    api::KIND
-                )),
-                ..export_target(export)
-            });
+            let export = identity::artifact_export_name(name);
+            let warning = format!(
+                "{} {namespace}/{name} does not exist yet; Flux will wait until openflux exports it as \
+                 {namespace}/{export}",
+                api::KIND
+            );
+            return self.export(export, Some(warning));
         };
         match &artifact.owner {
             Some(owner) if api::is_stock_source(&owner.source.group, &owner.source.kind) => {
@@ -148,7 +169,7 @@ impl Resolver<'_> {
                     warning: None,
                 })
             }
-            _ => Ok(export_target(self.index.export_name(artifact))),
+            _ => self.export(self.index.export_name(artifact), None),
         }
     }
 }

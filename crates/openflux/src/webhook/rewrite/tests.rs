@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::api::{Artifact, ArtifactSpec, StockSource, SOURCE_REF_ANNOTATION};
+use crate::api::{Artifact, ArtifactSpec, SOURCE_REF_ANNOTATION};
 use crate::webhook::review;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";
@@ -87,8 +87,54 @@ fn opts() -> Options {
     Options::default()
 }
 
+/// A cluster whose consumers all take ExternalArtifact, serving HttpSource
+/// in two API groups and Widget in one.
+fn facts_with(target: crate::target::Target) -> Facts {
+    let mut facts = Facts {
+        synced: true,
+        ..Facts::default()
+    };
+    for consumer in crate::webhook::consumers::CONSUMERS.iter() {
+        let choice = crate::target::Choice {
+            target,
+            reason: "test".into(),
+        };
+        facts.choices.insert(consumer.kind, Ok(choice));
+    }
+    for (kind, group) in [
+        ("HttpSource", "sources.openflux.dev"),
+        ("HttpSource", "other.example.com"),
+        ("Widget", "widgets.example.com"),
+        ("Artifact", "openflux.dev"),
+    ] {
+        facts
+            .kinds
+            .entry(kind.to_string())
+            .or_default()
+            .insert(group.to_string());
+    }
+    facts
+}
+
+fn facts() -> Facts {
+    facts_with(crate::target::Target::ExternalArtifact)
+}
+
+/// `decide` against `index` and [`facts`].
+fn decide_with(request: &AdmissionRequest, index: &OwnerIndex, options: &Options) -> Decision {
+    let facts = facts();
+    decide(
+        request,
+        View {
+            index,
+            facts: &facts,
+        },
+        options,
+    )
+}
+
 fn decide_review(review: &Value) -> Decision {
-    decide(&request(review), &index(), &opts())
+    decide_with(&request(review), &index(), &opts())
 }
 
 /// The object the API server stores after `decision`.
@@ -231,7 +277,7 @@ fn custom_reference_by_api_version_is_rewritten() {
         serde_json::to_value(patch).unwrap(),
         json!([
             {"op": "replace", "path": "/spec/sourceRef",
-             "value": {"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "httpsource-web"}},
+             "value": {"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"}},
             {"op": "add", "path": "/metadata/annotations/openflux.dev~1source-ref",
              "value": r#"{"apiVersion":"sources.openflux.dev/v1alpha1","kind":"HttpSource","name":"web"}"#}
         ])
@@ -266,7 +312,7 @@ fn custom_reference_by_kind_only_is_rewritten_and_gets_annotations() {
     // No apiVersion was written, yet the rewrite sets the export's.
     assert_eq!(
         stored["spec"]["sourceRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "httpsource-web"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"})
     );
     assert_idempotent(&review);
 }
@@ -295,7 +341,7 @@ fn namespace_is_kept_only_when_written() {
     let stored = apply(&object_of(&review), &decide_review(&review));
     assert_eq!(
         stored["spec"]["sourceRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "httpsource-shared", "namespace": "infra"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "shared.httpsource.sources.openflux.dev", "namespace": "infra"})
     );
     assert_eq!(
         annotation(&stored),
@@ -311,7 +357,7 @@ fn cross_namespace_references_are_denied_with_the_flag() {
     let options = Options {
         no_cross_namespace_refs: true,
     };
-    let decision = decide(&request(&review), &index(), &options);
+    let decision = decide_with(&request(&review), &index(), &options);
     let message = denial(&decision);
     assert!(message.starts_with("openflux: "), "{message}");
     assert!(message.contains("--no-cross-namespace-refs"), "{message}");
@@ -319,13 +365,13 @@ fn cross_namespace_references_are_denied_with_the_flag() {
     // The object's own namespace, spelled out, is fine.
     let same = kustomization(json!({"kind": "HttpSource", "name": "web", "namespace": "apps"}));
     assert!(matches!(
-        decide(&request(&same), &index(), &options),
+        decide_with(&request(&same), &index(), &options),
         Decision::Rewrite { .. }
     ));
     // Stock references are Flux's business.
     let stock = kustomization(json!({"kind": "GitRepository", "name": "x", "namespace": "infra"}));
     assert_eq!(
-        decide(&request(&stock), &index(), &options),
+        decide_with(&request(&stock), &index(), &options),
         Decision::Unchanged
     );
 }
@@ -336,10 +382,13 @@ fn missing_source_is_admitted_with_a_warning() {
     let decision = decide_review(&review);
     assert_eq!(
         warnings(&decision),
-        vec!["HttpSource apps/later has no Artifact yet; Flux will wait until openflux exports ExternalArtifact apps/httpsource-later"]
+        vec!["HttpSource apps/later has no Artifact yet; Flux will wait until openflux exports it as apps/later.httpsource.sources.openflux.dev"]
     );
     let stored = apply(&object_of(&review), &decision);
-    assert_eq!(stored["spec"]["sourceRef"]["name"], "httpsource-later");
+    assert_eq!(
+        stored["spec"]["sourceRef"]["name"],
+        "later.httpsource.sources.openflux.dev"
+    );
     // Once the source has its Artifact, the same manifest maps to the same object.
     let mut idx = index();
     idx.apply(&artifact(
@@ -348,7 +397,10 @@ fn missing_source_is_admitted_with_a_warning() {
         Some((HTTP, "HttpSource", "later")),
     ));
     let put = update(&review, &stored, &object_of(&review));
-    let after = apply(&object_of(&review), &decide(&request(&put), &idx, &opts()));
+    let after = apply(
+        &object_of(&review),
+        &decide_with(&request(&put), &idx, &opts()),
+    );
     assert_eq!(after, stored);
 }
 
@@ -368,18 +420,69 @@ fn ambiguous_kind_is_denied_with_the_candidates() {
 }
 
 #[test]
-fn a_source_with_several_artifacts_is_denied_listing_them() {
+fn a_source_with_several_artifacts_gets_its_one_stable_export() {
     let review = kustomization(json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "multi"}));
+    let before = apply(&object_of(&review), &decide_review(&review));
+    assert_eq!(
+        before["spec"]["sourceRef"]["name"],
+        "multi.httpsource.sources.openflux.dev"
+    );
+    // A third Artifact changes nothing for the consumer.
+    let mut idx = index();
+    idx.apply(&artifact("apps", "m0", Some((HTTP, "HttpSource", "multi"))));
+    let after = apply(
+        &object_of(&review),
+        &decide_with(&request(&review), &idx, &opts()),
+    );
+    assert_eq!(after, before);
+}
+
+#[test]
+fn the_target_kind_follows_the_facts() {
+    use crate::target::{OciVersion, Target};
+    let review = kustomization(json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "web"}));
+    let facts = facts_with(Target::Shadow(OciVersion::V1beta2));
+    let index = index();
+    let view = View {
+        index: &index,
+        facts: &facts,
+    };
+    let stored = apply(
+        &object_of(&review),
+        &decide(&request(&review), view, &opts()),
+    );
+    assert_eq!(
+        stored["spec"]["sourceRef"],
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1beta2", "kind": "OCIRepository", "name": "web.httpsource.sources.openflux.dev"})
+    );
+    // No target for the consumer: denied, saying why.
+    let mut none = facts.clone();
+    none.choices.insert(
+        "Kustomization",
+        Err(crate::target::NoTarget("no Flux here".into())),
+    );
+    let view = View {
+        index: &index,
+        facts: &none,
+    };
+    let message = denial(&decide(&request(&review), view, &opts())).to_string();
+    assert!(message.contains("no Flux here"), "{message}");
+}
+
+#[test]
+fn an_unserved_kind_without_api_version_is_denied() {
+    let review = kustomization(json!({"kind": "Gadget", "name": "g"}));
     let message = denial(&decide_review(&review)).to_string();
     assert!(
-        message.contains(
-            "2 Artifacts (m1, m2), so spec.sourceRef of Kustomization apps/web is ambiguous"
-        ),
+        message.contains("no API of this cluster serves"),
         "{message}"
     );
-    assert!(
-        message.contains("apiVersion: openflux.dev/v1alpha1, kind: Artifact"),
-        "{message}"
+    // Served in one group: resolved through it before any Artifact exists.
+    let review = kustomization(json!({"kind": "Widget", "name": "w"}));
+    let stored = apply(&object_of(&review), &decide_review(&review));
+    assert_eq!(
+        stored["spec"]["sourceRef"]["name"],
+        "w.widget.widgets.example.com"
     );
 }
 
@@ -389,17 +492,17 @@ fn artifact_references_point_at_what_the_artifact_is_consumed_through() {
         // Owned by a custom source, its only Artifact: the source's export.
         (
             json!({"apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact", "name": "web-latest"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "httpsource-web"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"}),
         ),
-        // One of several: exported under its own name.
+        // Not its source's default (m1 is): exported under its own name.
         (
             json!({"kind": "Artifact", "name": "m2"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "artifact-m2"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "m2.artifact.openflux.dev"}),
         ),
         // Standalone.
         (
             json!({"kind": "Artifact", "name": "loose"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "artifact-loose"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "loose.artifact.openflux.dev"}),
         ),
         // Mirrored from a stock source: that source itself.
         (
@@ -419,7 +522,7 @@ fn artifact_references_point_at_what_the_artifact_is_consumed_through() {
     let review = kustomization(json!({"apiVersion": OTHER, "kind": "Artifact", "name": "x"}));
     assert_eq!(
         apply(&object_of(&review), &decide_review(&review))["spec"]["sourceRef"]["name"],
-        "artifact-x"
+        "x.artifact.other.example.com"
     );
 }
 
@@ -428,7 +531,7 @@ fn missing_artifact_is_admitted_with_a_warning() {
     let review = kustomization(json!({"kind": "Artifact", "name": "soon"}));
     assert_eq!(
         warnings(&decide_review(&review)),
-        vec!["Artifact apps/soon does not exist yet; Flux will wait until openflux exports ExternalArtifact apps/artifact-soon"]
+        vec!["Artifact apps/soon does not exist yet; Flux will wait until openflux exports it as apps/soon.artifact.openflux.dev"]
     );
 }
 
@@ -460,7 +563,7 @@ fn helmrelease_chart_ref_to_a_custom_source_is_rewritten() {
     let stored = apply(&object_of(&review), &decide_review(&review));
     assert_eq!(
         stored["spec"]["chartRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "httpsource-chart"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "chart.httpsource.sources.openflux.dev"})
     );
     assert_eq!(stored["spec"]["values"], json!({"replicaCount": 2}));
     assert_idempotent(&review);
@@ -506,8 +609,8 @@ fn artifact_generator_sources_are_rewritten_one_by_one() {
         stored["spec"]["sources"],
         json!([
             {"alias": "git", "kind": "GitRepository", "name": "podinfo"},
-            {"alias": "web", "kind": "ExternalArtifact", "name": "httpsource-web"},
-            {"alias": "loose", "kind": "ExternalArtifact", "name": "artifact-loose"}
+            {"alias": "web", "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"},
+            {"alias": "loose", "kind": "ExternalArtifact", "name": "loose.artifact.openflux.dev"}
         ]),
         "no apiVersion: the ArtifactGenerator source reference has none"
     );
@@ -572,7 +675,7 @@ fn nothing_to_do_for_deletes_connects_subresources_and_objects_being_deleted() {
 #[test]
 fn unsynced_index_answers_service_unavailable() {
     let review = fixture("kustomization-create-custom");
-    let decision = decide(&request(&review), &OwnerIndex::new(), &opts());
+    let decision = decide_with(&request(&review), &OwnerIndex::new(), &opts());
     assert!(
         matches!(&decision, Decision::Error { code: 503, message } if message.contains("retry")),
         "{decision:?}"
@@ -580,7 +683,7 @@ fn unsynced_index_answers_service_unavailable() {
     // Stock references do not need the index.
     let stock = fixture("kustomization-create-stock");
     assert_eq!(
-        decide(&request(&stock), &OwnerIndex::new(), &opts()),
+        decide_with(&request(&stock), &OwnerIndex::new(), &opts()),
         Decision::Unchanged
     );
 }
@@ -656,15 +759,5 @@ fn the_annotation_key_is_escaped_in_patches() {
     assert!(
         text.contains("/metadata/annotations/openflux.dev~1source-ref"),
         "{text}"
-    );
-}
-
-#[test]
-fn exports_are_the_stock_external_artifact() {
-    let stock = StockSource::EXTERNAL_ARTIFACT;
-    assert_eq!(EXPORT_KIND, stock.kind);
-    assert_eq!(
-        EXPORT_API_VERSION,
-        format!("{FLUX_SOURCE_GROUP}/{}", stock.versions[0])
     );
 }
