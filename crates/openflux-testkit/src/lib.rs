@@ -268,6 +268,17 @@ impl Env {
         get(&self.client, api_version, kind, namespace, name).await
     }
 
+    /// Deletes a namespaced object (in the background); panics naming it
+    /// when the API server refuses.
+    pub async fn delete_object(&self, api_version: &str, kind: &str, namespace: &str, name: &str) {
+        let (api, _) = dynamic_api(&self.client, api_version, kind, Some(namespace))
+            .await
+            .expect("discovery");
+        api.delete(name, &kube::api::DeleteParams::background())
+            .await
+            .unwrap_or_else(|e| panic!("deleting {kind} {namespace}/{name}: {e}"));
+    }
+
     /// A namespaced object, `None` when it does not exist or cannot be read.
     pub async fn find(
         &self,

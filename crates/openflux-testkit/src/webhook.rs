@@ -26,8 +26,12 @@ impl Drop for Webhook {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
-            if let (Ok(rt), Ok(client)) = (rt, kube::Client::try_from(config)) {
+            if let Ok(rt) = rt {
                 rt.block_on(async {
+                    // The client spawns its buffer task: inside the runtime.
+                    let Ok(client) = kube::Client::try_from(config) else {
+                        return;
+                    };
                     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
                     let _ = tokio::time::timeout(
                         Duration::from_secs(10),
@@ -58,4 +62,40 @@ pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) 
         name,
         config: env.config.clone(),
     }
+}
+
+/// Starts `openflux run` for namespace `ns` (plus `extra` flags) with its
+/// webhook on a free port behind a configuration of its own, and waits until
+/// the CA bundle is in that configuration.
+pub async fn openflux_with_webhook(
+    env: &Env,
+    ns: &str,
+    extra: &[&str],
+) -> (crate::openflux::Openflux, Webhook) {
+    let addr = crate::openflux::free_addr();
+    let webhook = local_webhook(env, "openflux-e2e", ns, addr).await;
+    let mut args = vec![
+        "--watch-all-namespaces=false".to_string(),
+        format!("--namespace={ns}"),
+        format!("--webhook-addr={addr}"),
+        format!("--webhook-configuration={}", webhook.name),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let of = crate::openflux::Openflux::start(env, ns, &args).await;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    crate::wait_for(
+        "the CA bundle in the webhook configuration",
+        crate::TIMEOUT,
+        || async {
+            let config = api.get_opt(&webhook.name).await.ok().flatten()?;
+            config
+                .webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    (of, webhook)
 }

@@ -4,6 +4,7 @@
 //! it is responsible for.
 
 pub use openflux_api as api;
+pub mod adopt;
 pub mod certs;
 pub mod controller;
 pub mod evidence;

@@ -4,7 +4,7 @@
 
 use openflux_testkit as support;
 
-use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::ResourceExt;
 use serde_json::json;
 use support::openflux::{publish, Openflux};
@@ -42,12 +42,7 @@ async fn start_openflux(env: &Env, ns: &str) -> Openflux {
 }
 
 async fn delete(env: &Env, api_version: &str, kind: &str, ns: &str, name: &str) {
-    let (api, _) = support::dynamic_api(&env.client, api_version, kind, Some(ns))
-        .await
-        .expect("discovery");
-    api.delete(name, &DeleteParams::background())
-        .await
-        .unwrap_or_else(|e| panic!("deleting {kind} {ns}/{name}: {e}"));
+    env.delete_object(api_version, kind, ns, name).await;
 }
 
 /// Waits until the Artifact mirrored from GitRepository `app` in `ns` is at

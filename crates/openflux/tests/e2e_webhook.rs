@@ -5,13 +5,12 @@
 
 use openflux_testkit as support;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
-use support::openflux::{free_addr, publish, Openflux};
-use support::webhook::{local_webhook, Webhook};
+use support::openflux::{publish, Openflux};
+use support::webhook::Webhook;
 use support::{cluster, field, ready_condition, wait_for, Env, Fixtures, TestNamespace, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
@@ -38,35 +37,9 @@ async fn install_crds(env: &Env) {
     .await;
 }
 
-/// Starts openflux for namespace `ns` with its webhook on a free port, and
-/// waits until the CA bundle is in the webhook configuration.
+/// Starts openflux for namespace `ns` with its webhook.
 async fn start(env: &Env, ns: &str, extra: &[&str]) -> (Openflux, Webhook) {
-    let addr = free_addr();
-    let webhook = local_webhook(env, "openflux-e2e", ns, addr).await;
-    let mut args = vec![
-        "--watch-all-namespaces=false".to_string(),
-        format!("--namespace={ns}"),
-        format!("--webhook-addr={addr}"),
-        format!("--webhook-configuration={}", webhook.name),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let of = Openflux::start(env, ns, &args).await;
-    let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
-    wait_for(
-        "the CA bundle in the webhook configuration",
-        TIMEOUT,
-        || async {
-            let config = api.get_opt(&webhook.name).await.ok().flatten()?;
-            config
-                .webhooks?
-                .iter()
-                .all(|w| w.client_config.ca_bundle.is_some())
-                .then_some(())
-        },
-    )
-    .await;
-    (of, webhook)
+    support::webhook::openflux_with_webhook(env, ns, extra).await
 }
 
 /// Server-side apply as a dry run: what the API server would store.

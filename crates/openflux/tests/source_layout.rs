@@ -44,6 +44,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::rewrite::targets", Layer::Pure),
     ("webhook::rewrite::repoint", Layer::Pure),
     ("references", Layer::Pure),
+    ("adopt", Layer::Pure),
     ("certs::material", Layer::Pure),
     ("target", Layer::Pure),
     ("facts", Layer::Pure),
@@ -69,6 +70,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime::controllers", Layer::Runtime),
     ("runtime::consumers", Layer::Runtime),
     ("runtime::survey", Layer::Runtime),
+    ("runtime::adopter", Layer::Runtime),
 ];
 
 fn crate_dir() -> PathBuf {

@@ -21,9 +21,11 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::adopter;
 use super::consumers::{Consumers, Look, Sinks};
 use super::router::{Event, Wake};
 use super::watch::{without_managed_fields, Hub, Scope, Watch};
+use crate::adopt::OPEN_FLUX_GROUPS;
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
 use crate::controller::Context;
 use crate::export::{self, ExportTarget, ExportTargets};
@@ -66,6 +68,8 @@ pub struct Controllers {
     targets: ExportTargets,
     reported_missing: BTreeSet<&'static str>,
     consumers: Consumers,
+    /// Open Flux Artifact API groups being adopted.
+    adopting: BTreeSet<&'static str>,
     looks: (UnboundedSender<Look>, UnboundedReceiver<Look>),
     freed: (
         UnboundedSender<Vec<ObjectKey>>,
@@ -97,6 +101,7 @@ impl Controllers {
             targets: ExportTargets::new(),
             reported_missing: BTreeSet::new(),
             consumers: Consumers::default(),
+            adopting: BTreeSet::new(),
             looks: unbounded(),
             freed: unbounded(),
             tasks: JoinSet::new(),
@@ -182,6 +187,7 @@ impl Controllers {
         }
         let (ctx, scope, readiness) =
             (self.ctx.clone(), self.scope.clone(), self.readiness.clone());
+        self.adopt_open_flux();
         let sinks = Sinks {
             look: self.looks.0.clone(),
             freed: self.freed.0.clone(),
@@ -202,6 +208,34 @@ impl Controllers {
                 }
                 self.start_export();
             }
+        }
+    }
+
+    /// Starts adopting the Artifacts of each Open Flux Artifact API the
+    /// cluster serves (see [`crate::adopt`]).
+    fn adopt_open_flux(&mut self) {
+        let served: Vec<&'static str> = {
+            let facts = locks::read(&self.ctx.facts);
+            OPEN_FLUX_GROUPS
+                .into_iter()
+                .filter(|g| {
+                    facts
+                        .groups_of("Artifact")
+                        .is_some_and(|groups| groups.contains(*g))
+                })
+                .collect()
+        };
+        for group in served {
+            if !self.adopting.insert(group) {
+                continue;
+            }
+            self.tasks.spawn(adopter::run(
+                self.ctx.clone(),
+                group,
+                self.scope.clone(),
+                self.readiness.watch_started(),
+                self.shutdown.clone(),
+            ));
         }
     }
 

@@ -10,6 +10,7 @@
 //! - [`controllers`]: the leader's mirrors and export controller;
 //! - [`flags`]: the command line.
 
+pub mod adopter;
 pub mod consumers;
 pub mod controllers;
 pub mod flags;

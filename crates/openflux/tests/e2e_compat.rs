@@ -1,0 +1,382 @@
+//! End to end: the systems openflux exists to serve, unchanged, on the local
+//! control plane with stock Flux at its default flags: Open Flux producers'
+//! Artifacts, Pulumi Stacks, exports of an earlier openflux release, and the
+//! flux CLI's view of a custom source.
+
+use openflux_testkit as support;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use support::exports::{reference_to, source_revision, wait_export};
+use support::openflux::publish;
+use support::webhook::openflux_with_webhook;
+use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
+
+const ARTIFACT: &str = "openflux.dev/v1alpha1";
+const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
+const TEST_GROUP: &str = "compat.e2e.openflux.dev";
+const TEST_SOURCE: &str = "compat.e2e.openflux.dev/v1";
+
+fn crd_file(name: &str) -> String {
+    let path = support::workspace_root().join("e2e/crds").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+async fn install(env: &Env, extra: &[(&str, &str)]) {
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, TEST_GROUP).await;
+    let mut names = vec![
+        "artifacts.openflux.dev".to_string(),
+        format!("testsources.{TEST_GROUP}"),
+    ];
+    for (file, crd) in extra {
+        env.apply_yaml(&crd_file(file))
+            .await
+            .unwrap_or_else(|e| panic!("installing {file}: {e:#}"));
+        names.push(crd.to_string());
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    support::wait_established(env, &names).await;
+}
+
+/// A custom source `name` in `ns`; returns its uid.
+async fn test_source(env: &Env, ns: &str, name: &str) -> String {
+    let source = env
+        .apply(&json!({
+            "apiVersion": TEST_SOURCE, "kind": "TestSource",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"anything": "goes"}
+        }))
+        .await
+        .expect("creating the custom source");
+    source.uid().expect("uid")
+}
+
+fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
+    json!({
+        "apiVersion": KUSTOMIZE, "kind": "Kustomization",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"interval": "10m", "prune": true, "path": "./", "targetNamespace": ns,
+                 "sourceRef": source_ref}
+    })
+}
+
+async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    wait_for(
+        &format!("ConfigMap {ns}/{name} to hold {value:?}"),
+        TIMEOUT,
+        || async {
+            let cm = cms.get_opt(name).await.ok().flatten()?;
+            (cm.data?.get("value")? == value).then_some(())
+        },
+    )
+    .await;
+}
+
+async fn wait_ready(
+    env: &Env,
+    api_version: &str,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> kube::core::DynamicObject {
+    wait_for(
+        &format!("{kind} {ns}/{name} to be Ready"),
+        TIMEOUT,
+        || async {
+            let o = env.find(api_version, kind, ns, name).await?;
+            (ready_condition(&o)?.0 == "True").then_some(o)
+        },
+    )
+    .await
+}
+
+/// An Open Flux producer writes its own Artifact kind, owned by its source;
+/// an unchanged Kustomization referencing that source deploys it. Both API
+/// groups Open Flux has used, with and without the controller flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_flux_artifacts_reach_an_unchanged_kustomization() {
+    let env = cluster().await;
+    install(
+        &env,
+        &[
+            (
+                "openfluxcd-artifact.yaml",
+                "artifacts.openfluxcd.ocm.software",
+            ),
+            (
+                "openfluxcd-mandelsoft-artifact.yaml",
+                "artifacts.openfluxcd.mandelsoft.org",
+            ),
+        ],
+    )
+    .await;
+    let ns = env.namespace("openfluxcd").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    for (group, source, controller) in [
+        ("openfluxcd.ocm.software", "web", Some(true)),
+        ("openfluxcd.mandelsoft.org", "old", None),
+    ] {
+        let uid = test_source(&env, &n, source).await;
+        let mut spec = publish(
+            env.fixtures(),
+            &n,
+            source,
+            "v1",
+            &[("configmap.yaml", &support::configmap_yaml(group))],
+        );
+        spec["lastUpdateTime"] = json!("2026-01-01T00:00:00Z");
+        env.apply(&json!({
+            "apiVersion": format!("{group}/v1alpha1"), "kind": "Artifact",
+            "metadata": {"name": format!("testsource-{n}-{source}"), "namespace": n,
+                         "ownerReferences": [{"apiVersion": TEST_SOURCE, "kind": "TestSource",
+                                              "name": source, "uid": uid, "controller": controller}]},
+            "spec": spec,
+        }))
+        .await
+        .expect("writing the Open Flux Artifact");
+        let ks = format!("ks-{source}");
+        env.apply(&kustomization(
+            &n,
+            &ks,
+            json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": source}),
+        ))
+        .await
+        .expect("creating the Kustomization");
+        wait_ready(&env, KUSTOMIZE, "Kustomization", &n, &ks).await;
+        let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &n);
+        wait_for(
+            "the ConfigMap from the Open Flux Artifact",
+            TIMEOUT,
+            || async {
+                let cm = cms.get_opt("app-config").await.ok().flatten()?;
+                (cm.data?.get("value")? == group).then_some(())
+            },
+        )
+        .await;
+        // Deleting theirs deletes the Artifact standing for it.
+        let ours = format!("testsource-{n}-{source}.artifact.{group}");
+        assert!(env.find(ARTIFACT, "Artifact", &n, &ours).await.is_some());
+        env.delete_object(
+            &format!("{group}/v1alpha1"),
+            "Artifact",
+            &n,
+            &format!("testsource-{n}-{source}"),
+        )
+        .await;
+        wait_for("the adopted Artifact to go", TIMEOUT, || async {
+            env.find(ARTIFACT, "Artifact", &n, &ours)
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        env.delete_object(KUSTOMIZE, "Kustomization", &n, &ks).await;
+    }
+    ns.delete().await;
+}
+
+/// A Pulumi Stack's fluxSource naming a custom kind is rewritten to an
+/// object the operator can read, whose status.artifact carries the custom
+/// source's URL, revision and digest; the URL serves that digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
+    let env = cluster().await;
+    install(&env, &[("pulumi-stack.yaml", "stacks.pulumi.com")]).await;
+    let ns = env.namespace("pulumi").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    let uid = test_source(&env, &n, "infra").await;
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "infra",
+        "v7",
+        &[("Pulumi.yaml", "name: infra\n")],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "infra", "namespace": n, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "infra", "uid": uid, "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+    let stack = json!({
+        "apiVersion": "pulumi.com/v1", "kind": "Stack",
+        "metadata": {"name": "infra", "namespace": n},
+        "spec": {"stack": "dev", "fluxSource": {
+            "sourceRef": {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "infra"}, "dir": "."}}
+    });
+    // The webhook learns of the Stack CRD from its survey: retry until admitted.
+    let stored = wait_for("the Stack to be admitted", TIMEOUT, || async {
+        env.apply(&stack).await.ok()
+    })
+    .await;
+    let target = field(&stored, "/spec/fluxSource/sourceRef")
+        .cloned()
+        .expect("sourceRef");
+    assert_eq!(target["kind"], "OCIRepository", "{target}");
+    let (_, export) = wait_export(&env, &n, "infra", |_| true).await;
+    assert_eq!(reference_to(&export), target);
+    let artifact = field(&export, "/status/artifact")
+        .cloned()
+        .expect("status.artifact");
+    assert_eq!(artifact["url"], spec["url"]);
+    assert_eq!(artifact["digest"], spec["digest"]);
+    assert_eq!(
+        source_revision(&export).as_deref(),
+        spec["revision"].as_str()
+    );
+    let body = reqwest::get(artifact["url"].as_str().unwrap())
+        .await
+        .expect("GET")
+        .bytes()
+        .await
+        .expect("body");
+    assert_eq!(
+        format!("sha256:{}", hex::encode(Sha256::digest(&body))),
+        spec["digest"].as_str().unwrap()
+    );
+    ns.delete().await;
+}
+
+/// Consumers rewritten by an earlier release point at `<kind>-<name>`
+/// ExternalArtifacts, which a default Flux refuses. openflux moves them to
+/// the current export with no user action, and deletes the old export once
+/// the consumer has reconciled the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("migrate").await;
+    let n = ns.name().to_string();
+    let uid = test_source(&env, &n, "web").await;
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("migrated"))],
+    );
+    let artifact = env
+        .apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": "web", "namespace": n, "ownerReferences": [
+                {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
+            "spec": spec,
+        }))
+        .await
+        .expect("writing the Artifact");
+    // What an earlier release left: its export and a rewritten consumer.
+    env.apply(&json!({
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact",
+        "metadata": {"name": "testsource-web", "namespace": n,
+                     "labels": {"app.kubernetes.io/managed-by": "openflux"},
+                     "ownerReferences": [{"apiVersion": ARTIFACT, "kind": "Artifact", "name": "web",
+                                          "uid": artifact.uid().unwrap(), "controller": true}]},
+        "spec": {"sourceRef": {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}},
+    }))
+    .await
+    .expect("the earlier export");
+    let mut old = kustomization(
+        &n,
+        "web",
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
+    );
+    old["metadata"]["annotations"] = json!({
+        "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
+    });
+    env.apply(&old)
+        .await
+        .expect("the consumer an earlier release rewrote");
+
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    let (_, export) = wait_export(&env, &n, "web", |_| true).await;
+    let expected = reference_to(&export);
+    let moved = wait_for("the consumer to be moved", TIMEOUT, || async {
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
+        (field(&ks, "/spec/sourceRef") == Some(&expected)).then_some(ks)
+    })
+    .await;
+    assert!(moved.annotations().contains_key("openflux.dev/moved-from"));
+    wait_configmap(&env, &n, "app-config", "migrated").await;
+    wait_for("the earlier export to be deleted", TIMEOUT, || async {
+        env.find(
+            "source.toolkit.fluxcd.io/v1",
+            "ExternalArtifact",
+            &n,
+            "testsource-web",
+        )
+        .await
+        .is_none()
+        .then_some(())
+    })
+    .await;
+    ns.delete().await;
+}
+
+/// `flux trace` on an object deployed from a custom source names the custom
+/// source as its origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flux_trace_names_the_custom_source() {
+    let env = cluster().await;
+    let flux = env.vars.get("OPENFLUX_E2E_FLUX_CLI").cloned().expect(
+        "OPENFLUX_E2E_FLUX_CLI: the flux CLI of the local control plane (e2e/cluster up builds it)",
+    );
+    install(&env, &[]).await;
+    let ns = env.namespace("trace").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    let uid = test_source(&env, &n, "web").await;
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "web",
+        "v3",
+        &[("configmap.yaml", &support::configmap_yaml("traced"))],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+    env.apply(&kustomization(
+        &n,
+        "web",
+        json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}),
+    ))
+    .await
+    .expect("creating the Kustomization");
+    wait_configmap(&env, &n, "app-config", "traced").await;
+    let kubeconfig = env.kubeconfig.clone().expect("a kubeconfig file");
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(&flux)
+            .args(["trace", "configmap", "app-config", "-n", &n])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .output()
+            .expect("running flux trace")
+    });
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("flux trace configmap app-config:\n{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("TestSource.{TEST_GROUP}/{n}/web"))
+            || text.contains(&format!("TestSource/{n}/web")),
+        "flux trace does not name the custom source:\n{text}"
+    );
+    assert!(
+        text.contains("v3@sha256:"),
+        "flux trace does not show the custom source's revision:\n{text}"
+    );
+    ns.delete().await;
+}
