@@ -31,7 +31,7 @@ use serde_json::json;
 
 pub use plan::{
     conflict, desired_status, managed_selector, object_up_to_date, path_from_url, plan,
-    status_up_to_date, ExportPlan,
+    requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
@@ -158,8 +158,19 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                 .await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         };
+        let export = Export::new(ctx, served, namespace, &export_name);
+        let current = export.current().await?;
+        let requested = current
+            .as_ref()
+            .and_then(|c| requested_at(c).map(str::to_string));
+        if let Some(requested) = &requested {
+            exporter.forward_request(artifact, requested).await;
+        }
         let plan = match plan(artifact, &export_name, *target, &served.resource) {
-            Ok(p) => p,
+            Ok(p) => ExportPlan {
+                handled: requested,
+                ..p
+            },
             Err(msg) => {
                 exporter
                     .set_status(
@@ -170,8 +181,6 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                 return Ok(Action::await_change());
             }
         };
-        let export = Export::new(ctx, served, namespace, &export_name);
-        let current = export.current().await?;
         if let Some(msg) = current.as_ref().and_then(|c| conflict(c, &uid)) {
             exporter
                 .set_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
@@ -225,6 +234,49 @@ fn describe_choices(facts: &crate::facts::Facts) -> String {
 }
 
 impl Exporter {
+    /// Hands a reconcile request set on an export (`kubectl annotate` or
+    /// Flux's tools, where they point a person) to the custom source that
+    /// produced the Artifact, once per value. A failure is logged: the
+    /// request is a hint, the export stays correct without it.
+    async fn forward_request(&self, artifact: &Artifact, requested: &str) {
+        let Some(owner) = artifact.controller_owner() else {
+            return;
+        };
+        let namespace = artifact.namespace().unwrap_or_default();
+        let key = format!("request/{namespace}/{}/{}", owner.kind, owner.name);
+        let hash = hash_of(&requested).unwrap_or_default();
+        if self.ctx.memo.already_written(&key, Some(requested), hash) {
+            return;
+        }
+        let (group, version) = crate::api::split_api_version(&owner.api_version);
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, &owner.kind);
+        let patch = json!({ "metadata": { "annotations": { REQUESTED_AT: requested } } });
+        let result = async {
+            let (resource, _) = kube::discovery::pinned_kind(&self.ctx.client, &gvk).await?;
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.ctx.client.clone(),
+                &namespace,
+                &resource,
+            );
+            api.patch(
+                &owner.name,
+                &kube::api::PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(_) => {
+                tracing::info!(kind = %owner.kind, name = %owner.name, %namespace, %requested, "handed a reconcile request on an export to its custom source");
+                self.ctx.memo.record(key, Some(requested.to_string()), hash);
+            }
+            Err(error) => {
+                tracing::warn!(kind = %owner.kind, name = %owner.name, %namespace, %error, "cannot hand a reconcile request to the custom source; does openflux's role allow patching it?")
+            }
+        }
+    }
+
     /// Objects this Artifact was exported as before, under another name or
     /// target: kept up to date while a consumer still refers to one (until
     /// openflux has moved it), deleted once none does.

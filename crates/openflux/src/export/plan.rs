@@ -29,6 +29,24 @@ pub struct ExportPlan {
     /// Whether the object is a shadow, whose status also carries
     /// `observedGeneration` (helm-controller requires it).
     pub shadow: bool,
+    /// The `reconcile.fluxcd.io/requestedAt` a person set on a shadow, which
+    /// openflux handed to the custom source: its status says it was handled
+    /// (`lastHandledReconcileAt`), as Flux's own sources do.
+    pub handled: Option<String>,
+}
+
+/// The annotation Flux's tools set to ask for a reconcile.
+pub const REQUESTED_AT: &str = "reconcile.fluxcd.io/requestedAt";
+
+/// The reconcile request on an exported object, if any.
+pub fn requested_at(object: &DynamicObject) -> Option<&str> {
+    object
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(REQUESTED_AT)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
 }
 
 /// Decides what `artifact` is exported as; `Err` says, for a person, why it
@@ -142,6 +160,7 @@ pub fn plan(
         artifact: exported,
         message: format!("stored artifact for revision '{}'", spec.revision),
         shadow: target.is_shadow(),
+        handled: None,
     })
 }
 
@@ -209,6 +228,9 @@ pub fn desired_status(
     if let (true, Some(generation)) = (plan.shadow, generation) {
         status["observedGeneration"] = json!(generation);
     }
+    if let (true, Some(handled)) = (plan.shadow, &plan.handled) {
+        status["lastHandledReconcileAt"] = json!(handled);
+    }
     status
 }
 
@@ -218,9 +240,8 @@ pub fn status_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
     let Some(status) = current.data.get("status") else {
         return false;
     };
-    if status.get("artifact") != desired.get("artifact")
-        || status.get("observedGeneration") != desired.get("observedGeneration")
-    {
+    let same = |field: &str| status.get(field) == desired.get(field);
+    if !same("artifact") || !same("observedGeneration") || !same("lastHandledReconcileAt") {
         return false;
     }
     let strip = |v: Option<&Value>| -> Vec<Value> {
