@@ -222,8 +222,19 @@ async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
         .cloned()
         .expect("sourceRef");
     assert_eq!(target["kind"], "OCIRepository", "{target}");
-    let (_, export) = wait_export(&env, &n, "infra", |_| true).await;
+    let (artifact, export) = wait_export(&env, &n, "infra", |_| true).await;
     assert_eq!(reference_to(&export), target);
+    // The webhook recorded who wrote the Artifact.
+    let writer = artifact
+        .annotations()
+        .get("openflux.dev/written-by")
+        .cloned();
+    assert!(
+        writer
+            .as_deref()
+            .is_some_and(|w| w.contains("\"username\"")),
+        "{writer:?}"
+    );
     let artifact = field(&export, "/status/artifact")
         .cloned()
         .expect("status.artifact");

@@ -43,6 +43,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::rewrite::refs", Layer::Pure),
     ("webhook::rewrite::targets", Layer::Pure),
     ("webhook::rewrite::repoint", Layer::Pure),
+    ("webhook::rewrite::writer", Layer::Pure),
     ("references", Layer::Pure),
     ("adopt", Layer::Pure),
     ("certs::material", Layer::Pure),

@@ -318,7 +318,19 @@ mod tests {
             let text = std::fs::read_to_string(&path).unwrap();
             let config: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&text).unwrap();
             let webhooks = config.webhooks.unwrap();
-            assert_eq!(webhooks.len(), CONSUMERS.len(), "{file}");
+            // One per consumer, and one recording Artifacts' writers.
+            assert_eq!(webhooks.len(), CONSUMERS.len() + 1, "{file}");
+            let artifacts = webhooks
+                .iter()
+                .find(|w| w.name == "artifacts.openflux.dev")
+                .unwrap_or_else(|| panic!("{file}: no webhook for Artifacts"));
+            let rule = &artifacts.rules.as_ref().unwrap()[0];
+            for group in rule.api_groups.iter().flatten() {
+                assert!(
+                    crate::webhook::rewrite::writer::is_artifact_resource(group, "artifacts"),
+                    "{file}: {group}"
+                );
+            }
             for consumer in &CONSUMERS {
                 let webhook = webhooks
                     .iter()

@@ -54,6 +54,9 @@ pub struct AdmissionRequest {
     pub old_object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// Who sent the request, as the API server authenticated them.
+    #[serde(default)]
+    pub user_info: Option<Value>,
 }
 
 /// Why a body could not be read as an admission request.

@@ -77,7 +77,15 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
         }
     };
     let consumer = consumers::find(&request.resource.group, &request.resource.resource)
-        .map_or("unknown", |c| c.label());
+        .map(|c| c.label())
+        .or_else(|| {
+            super::rewrite::writer::is_artifact_resource(
+                &request.resource.group,
+                &request.resource.resource,
+            )
+            .then_some("artifacts")
+        })
+        .unwrap_or("unknown");
     let name = request
         .object
         .as_ref()

@@ -37,6 +37,7 @@ use crate::index::OwnerIndex;
 mod refs;
 pub mod repoint;
 mod targets;
+pub mod writer;
 
 pub use refs::SourceRef;
 use refs::{annotation_of, annotation_op, compact, locate, Located};
@@ -52,6 +53,9 @@ pub struct View<'a> {
 
 /// Decides one admission request. Never panics and makes no I/O.
 pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
+    if let Some(decision) = writer::stamp(request) {
+        return decision;
+    }
     match Decider::new(request, view, options) {
         Ok(Some(decider)) => decider.run().unwrap_or_else(|stop| stop),
         Ok(None) => Decision::Unchanged,

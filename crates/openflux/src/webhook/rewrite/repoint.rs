@@ -101,6 +101,7 @@ pub fn repoint(
         object: Some(restored.clone()),
         old_object: Some(object.clone()),
         dry_run: None,
+        user_info: None,
     };
     let mut decided = restored;
     match decide(&request, view, options) {
