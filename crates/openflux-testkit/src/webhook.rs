@@ -26,8 +26,12 @@ impl Drop for Webhook {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
-            if let (Ok(rt), Ok(client)) = (rt, kube::Client::try_from(config)) {
+            // The client spawns onto the runtime: build it inside.
+            if let Ok(rt) = rt {
                 rt.block_on(async {
+                    let Ok(client) = kube::Client::try_from(config) else {
+                        return;
+                    };
                     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
                     let _ = tokio::time::timeout(
                         Duration::from_secs(10),
