@@ -58,9 +58,11 @@ cell_names() {
 
 # cell_run NAME ARGS...: e2e/cluster ARGS for the cell's instance.
 cell_run() {
-  cell "$1"
+  local name=$1
+  cell "$name"
   shift
   env -u KUBECONFIG \
+    OPENFLUX_E2E_CELL="$name" \
     OPENFLUX_E2E_STATE="$CELL_STATE" \
     OPENFLUX_E2E_FLUX_LINE="$CELL_LINE" \
     OPENFLUX_E2E_FEATURE_GATES="$CELL_GATES" \
