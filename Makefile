@@ -20,8 +20,13 @@ demo:
 demo-down:
 	e2e/demo stop
 
+# The end-to-end tests of the Flux matrix (crates/openflux/tests/e2e_matrix.rs)
+# start the matrix cells, more control planes with other Flux lines or gates
+# (ports 18xxx and 19xxx, see e2e/lib/cells.sh), one at a time; they are
+# stopped at the end, whether the tests passed or not.
 test: lint cluster-up
-	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS)
+	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
+	  rc=$$?; $(CLUSTER) cells down; exit $$rc
 
 lint:
 	$(CARGO) fmt --all --check
@@ -29,11 +34,13 @@ lint:
 
 # The tests' control plane (${TMPDIR:-/tmp}/openflux-e2e, ports 16xxx):
 # builds what is missing (the build log is shown) and starts it.
+# cluster-down stops it and the matrix cells.
 cluster-up:
 	$(CLUSTER) up
 
 cluster-down:
 	$(CLUSTER) down
+	$(CLUSTER) cells down
 
 cluster-status:
 	$(CLUSTER) status

@@ -10,15 +10,16 @@ use std::process::{Command, Stdio};
 
 use anyhow::{anyhow, bail, Context as _};
 
-/// The variables `e2e/cluster env` prints for the fixtures, all required.
-pub const FIXTURE_VARIABLES: [&str; 7] = [
+/// The variables `e2e/cluster env` prints for the fixtures, all required
+/// (`OPENFLUX_E2E_WATCHER_STORAGE_ADDR` too, where the Flux line has
+/// source-watcher).
+pub const FIXTURE_VARIABLES: [&str; 6] = [
     "OPENFLUX_E2E_GIT_URL",
     "OPENFLUX_E2E_GIT_ROOT",
     "OPENFLUX_E2E_HTTP_URL",
     "OPENFLUX_E2E_HTTP_ROOT",
     "OPENFLUX_E2E_HELM_REPO_URL",
     "OPENFLUX_E2E_SOURCE_STORAGE_ADDR",
-    "OPENFLUX_E2E_WATCHER_STORAGE_ADDR",
 ];
 
 /// The test fixtures served on loopback by `e2e/cluster`.
@@ -38,8 +39,9 @@ pub struct Fixtures {
     pub helm_repo_url: String,
     /// `host:port` of source-controller's artifact storage.
     pub source_storage_addr: String,
-    /// `host:port` of source-watcher's artifact storage.
-    pub watcher_storage_addr: String,
+    /// `host:port` of source-watcher's artifact storage (`None` on a Flux
+    /// line without source-watcher, such as 2.7).
+    pub watcher_storage_addr: Option<String>,
 }
 
 impl Fixtures {
@@ -61,7 +63,10 @@ impl Fixtures {
             http_root: PathBuf::from(get("OPENFLUX_E2E_HTTP_ROOT")),
             helm_repo_url: get("OPENFLUX_E2E_HELM_REPO_URL"),
             source_storage_addr: get("OPENFLUX_E2E_SOURCE_STORAGE_ADDR"),
-            watcher_storage_addr: get("OPENFLUX_E2E_WATCHER_STORAGE_ADDR"),
+            watcher_storage_addr: vars
+                .get("OPENFLUX_E2E_WATCHER_STORAGE_ADDR")
+                .filter(|v| !v.is_empty())
+                .cloned(),
         })
     }
 }
@@ -271,6 +276,16 @@ mod tests {
         );
         let fx = Fixtures::from_vars(&all).expect("fixtures");
         assert_eq!(fx.helm_repo_url, "http://h/charts");
+        assert_eq!(
+            fx.watcher_storage_addr, None,
+            "a line without source-watcher"
+        );
+        all.insert(
+            "OPENFLUX_E2E_WATCHER_STORAGE_ADDR".into(),
+            "127.0.0.1:2".into(),
+        );
+        let fx = Fixtures::from_vars(&all).expect("fixtures");
+        assert_eq!(fx.watcher_storage_addr.as_deref(), Some("127.0.0.1:2"));
         assert_eq!(fx.http_file_url("/a/b.yaml"), "x/a/b.yaml");
     }
 
@@ -282,7 +297,6 @@ mod tests {
             ("OPENFLUX_E2E_HTTP_URL", ""),
             ("OPENFLUX_E2E_HTTP_ROOT", "/f"),
             ("OPENFLUX_E2E_SOURCE_STORAGE_ADDR", "127.0.0.1:1"),
-            ("OPENFLUX_E2E_WATCHER_STORAGE_ADDR", "127.0.0.1:2"),
         ]);
         let missing = Fixtures::from_vars(&some).expect_err("incomplete");
         assert_eq!(

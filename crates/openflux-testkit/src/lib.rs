@@ -5,6 +5,12 @@
 //! `e2e/cluster` (started once per test process and shared by all test
 //! binaries), or, when `KUBECONFIG` is set, that cluster as it is.
 //!
+//! [`cell`] gives the same for one cell of the Flux matrix: another local
+//! control plane with another Flux line or other feature gates (started on
+//! demand, held by one test at a time; see `e2e/lib/cells.sh`), and
+//! [`set_feature_gates`] restarts a local control plane's kustomize-controller
+//! and helm-controller with other `--feature-gates`.
+//!
 //! Tests that need the loopback fixtures (Git server, static file server)
 //! take them from [`Env::fixtures`]. A test never skips: on a cluster that
 //! was not started by `e2e/cluster` and without the `OPENFLUX_E2E_*`
@@ -15,23 +21,26 @@
 //! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
+mod cells;
 pub mod exports;
 pub mod fixtures;
 mod namespace;
 mod objects;
 pub mod openflux;
+mod wait;
 pub mod webhook;
 
+pub use cells::{cell, set_feature_gates, Cell};
 pub use fixtures::{Fixtures, GitRepo, FIXTURE_VARIABLES};
 pub use namespace::*;
 pub use objects::*;
+pub use wait::wait_for;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::DynamicObject;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -46,8 +55,10 @@ pub const TIMEOUT: Duration = Duration::from_secs(90);
 /// Label set on every namespace created by [`Env::namespace`].
 pub const TEST_LABEL: &str = "e2e.openflux.dev/test";
 
-/// What a test gets from [`cluster`].
+/// What a test gets from [`cluster`] or [`cell`].
 pub struct Env {
+    /// Which control plane this is ([`Cell::Main`] for [`cluster`]).
+    pub cell: Cell,
     /// A client for this test's tokio runtime (build one per test).
     pub client: Client,
     /// The client configuration (to build more clients, e.g. in `Drop`).
@@ -61,6 +72,8 @@ pub struct Env {
     /// Every `OPENFLUX_E2E_*` variable (and `KUBECONFIG`) of the environment
     /// description, for helpers that need more than the fields above.
     pub vars: BTreeMap<String, String>,
+    /// A cell's lock, held while this `Env` lives (see [`cell`]).
+    _hold: Option<std::fs::File>,
 }
 
 /// Path of the `e2e/cluster` script of this repository.
@@ -185,28 +198,52 @@ pub async fn cluster() -> Env {
         })
         .as_ref()
         .unwrap_or_else(|e| panic!("e2e cluster: {e}"));
-    let config = match &resolved.kubeconfig {
+    connect(
+        Cell::Main,
+        resolved.local,
+        resolved.kubeconfig.clone(),
+        resolved.vars.clone(),
+        None,
+    )
+    .await
+}
+
+/// A client and the fixtures for a control plane described by `vars`
+/// (the output of `e2e/cluster env`); `kubeconfig` `None` means the
+/// `KUBECONFIG` of the environment.
+async fn connect(
+    cell: Cell,
+    local: bool,
+    kubeconfig: Option<PathBuf>,
+    vars: BTreeMap<String, String>,
+    hold: Option<std::fs::File>,
+) -> Env {
+    let what = cell.name();
+    let config = match &kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
-                .unwrap_or_else(|e| panic!("e2e cluster: reading {}: {e}", path.display()));
+                .unwrap_or_else(|e| panic!("e2e cluster {what}: reading {}: {e}", path.display()));
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
-                .unwrap_or_else(|e| panic!("e2e cluster: kubeconfig {}: {e}", path.display()))
+                .unwrap_or_else(|e| {
+                    panic!("e2e cluster {what}: kubeconfig {}: {e}", path.display())
+                })
         }
         None => Config::from_kubeconfig(&KubeConfigOptions::default())
             .await
-            .unwrap_or_else(|e| panic!("e2e cluster: kubeconfig from KUBECONFIG: {e}")),
+            .unwrap_or_else(|e| panic!("e2e cluster {what}: kubeconfig from KUBECONFIG: {e}")),
     };
     let client = Client::try_from(config.clone())
-        .unwrap_or_else(|e| panic!("e2e cluster: building a client: {e}"));
+        .unwrap_or_else(|e| panic!("e2e cluster {what}: building a client: {e}"));
     Env {
+        cell,
         client,
         config,
-        kubeconfig: resolved.kubeconfig.clone(),
-        local: resolved.local,
-        fixtures: Fixtures::from_vars(&resolved.vars)
-            .map_err(|missing| missing_fixtures(resolved.local, &missing)),
-        vars: resolved.vars.clone(),
+        kubeconfig,
+        local,
+        fixtures: Fixtures::from_vars(&vars).map_err(|missing| missing_fixtures(local, &missing)),
+        vars,
+        _hold: hold,
     }
 }
 
@@ -227,6 +264,21 @@ fn missing_fixtures(local: bool, missing: &[&str]) -> String {
 }
 
 impl Env {
+    /// The Flux line of a local control plane (`2.9`, `2.7`), as
+    /// `e2e/cluster env` reported it.
+    pub fn flux_line(&self) -> Option<&str> {
+        self.vars.get("OPENFLUX_E2E_FLUX_LINE").map(String::as_str)
+    }
+
+    /// The `--feature-gates` of kustomize-controller and helm-controller of
+    /// a local control plane when this `Env` was made (empty: none, Flux's
+    /// defaults); [`set_feature_gates`] changes them.
+    pub fn feature_gates(&self) -> Option<&str> {
+        self.vars
+            .get("OPENFLUX_E2E_FEATURE_GATES")
+            .map(String::as_str)
+    }
+
     /// The loopback fixtures (Git and file servers, Helm repository).
     /// Panics, failing the test with the names of the missing
     /// `OPENFLUX_E2E_*` variables, when the cluster in use has none.
@@ -339,26 +391,3 @@ impl Env {
             .unwrap_or_else(|e| panic!("waiting for {program}: {e}"))
     }
 }
-
-// ----------------------------------------------------------------- waits --
-
-/// Polls `check` every 250 ms until it returns `Some`, for at most `timeout`;
-/// panics with `what` (and the time waited) when the bound is reached.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if start.elapsed() >= timeout {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-// ------------------------------------------------------------ namespaces --

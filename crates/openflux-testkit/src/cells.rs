@@ -1,0 +1,189 @@
+//! The Flux matrix: control planes besides the tests' own, each a cell of
+//! `e2e/cluster` (`e2e/lib/cells.sh` defines them: Flux line, feature gates,
+//! state dir and ports, moved with `OPENFLUX_E2E_CELL_PORT_BASE`).
+//!
+//! [`cell`] starts a cell when a test first asks for it and reuses it while
+//! it runs; `e2e/cluster cells down` stops every cell (`make test` does so
+//! at the end). A test holds its cell, through a lock file shared by all
+//! cells, for as long as it keeps the [`Env`]: tests on cells run one after
+//! another, however many threads or test processes ask, so at most one cell
+//! is busy at a time.
+
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::{cluster, cluster_script, connect, parse_env, Env};
+
+/// How long [`cell`] waits for another test to release the cells.
+pub const CELL_LOCK_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A control plane of the matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cell {
+    /// The tests' own control plane ([`cluster`]): the current Flux line
+    /// with `OPENFLUX_E2E_FEATURE_GATES` (or whatever runs there, or the
+    /// cluster of `KUBECONFIG`).
+    Main,
+    /// The current Flux line with `--feature-gates=ExternalArtifact=true`.
+    CurrentExternalArtifact,
+    /// The Flux 2.7 line with Flux's default flags (no feature gates).
+    Flux27Default,
+}
+
+impl Cell {
+    /// Every control plane of the matrix, the main one first.
+    pub const ALL: [Cell; 3] = [
+        Cell::Main,
+        Cell::CurrentExternalArtifact,
+        Cell::Flux27Default,
+    ];
+
+    /// The cell's name in `e2e/cluster cell NAME ...` (`main` for the
+    /// tests' own control plane, which is not a cell there).
+    pub fn name(self) -> &'static str {
+        match self {
+            Cell::Main => "main",
+            Cell::CurrentExternalArtifact => "current-external-artifact",
+            Cell::Flux27Default => "flux27-default",
+        }
+    }
+}
+
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Runs `e2e/cluster ARGS` with `envs` added, its stderr (progress) passed
+/// through; its stdout on success.
+fn run_script(args: &[&str], envs: &[(&str, &str)]) -> Result<String, String> {
+    let script = cluster_script();
+    let shown = format!("{} {}", script.display(), args.join(" "));
+    let out = Command::new(&script)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{shown} failed ({}); its output above names what did not work",
+            out.status
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Takes the cells' lock file (blocking), at most [`CELL_LOCK_TIMEOUT`].
+async fn hold_cells(what: Cell) -> File {
+    let path = tokio::task::spawn_blocking(|| run_script(&["cells", "lock-file"], &[]))
+        .await
+        .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"))
+        .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"));
+    let path = PathBuf::from(path.trim());
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("e2e cell {what}: opening {}: {e}", path.display()));
+    let locked = tokio::time::timeout(
+        CELL_LOCK_TIMEOUT,
+        tokio::task::spawn_blocking(move || file.lock().map(|()| file)),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "e2e cell {what}: another test held the cells ({}) for {CELL_LOCK_TIMEOUT:?}",
+            path.display()
+        )
+    });
+    locked
+        .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"))
+        .unwrap_or_else(|e| panic!("e2e cell {what}: locking {}: {e}", path.display()))
+}
+
+/// The control plane of a matrix cell, for this test alone until the
+/// returned `Env` is dropped: brings the cell up unless it runs (with the
+/// cell's own feature gates, whatever an earlier test set), and returns a
+/// client and fixtures for it, shaped like [`cluster`]'s. [`Cell::Main`] is
+/// [`cluster`] itself (shared, not held). Panics, naming the cell and what
+/// did not start, when the cell cannot be brought up.
+pub async fn cell(which: Cell) -> Env {
+    if which == Cell::Main {
+        return cluster().await;
+    }
+    let hold = hold_cells(which).await;
+    let name = which.name();
+    let vars = tokio::task::spawn_blocking(move || {
+        run_script(&["cell", name, "up"], &[])?;
+        run_script(&["cell", name, "env"], &[]).map(|out| parse_env(&out))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("e2e cell {which}: {e}"))
+    .unwrap_or_else(|e| panic!("e2e cell {which}: the control plane did not start: {e}"));
+    let kubeconfig = vars
+        .get("KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("e2e cell {which}: `e2e/cluster cell {name} env` printed no KUBECONFIG")
+        });
+    connect(which, true, Some(kubeconfig), vars, Some(hold)).await
+}
+
+/// Restarts kustomize-controller and helm-controller of `env`'s local
+/// control plane with `--feature-gates=VALUE` (`""`: none, Flux's
+/// defaults) through `e2e/cluster gates`, which also rewrites their
+/// Deployments in flux-system, and returns once both are healthy again.
+///
+/// On [`Cell::Main`] this changes the gates for every test sharing the
+/// tests' control plane; a cell is held by one test, and the next [`cell`]
+/// restores the cell's own gates. Panics for a cluster not started by
+/// `e2e/cluster` (`KUBECONFIG` set) and when the restart fails.
+pub async fn set_feature_gates(env: &Env, value: &str) {
+    let which = env.cell;
+    assert!(
+        env.local,
+        "set_feature_gates on {which}: this cluster was not started by e2e/cluster (KUBECONFIG is set), so its Flux controllers cannot be restarted"
+    );
+    let state = env
+        .vars
+        .get("OPENFLUX_E2E_STATE")
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!("set_feature_gates on {which}: `e2e/cluster env` printed no OPENFLUX_E2E_STATE")
+        });
+    let value = value.to_string();
+    tokio::task::spawn_blocking(move || {
+        run_script(&["gates", &value], &[("OPENFLUX_E2E_STATE", &state)])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("set_feature_gates on {which}: {e}"))
+    .unwrap_or_else(|e| panic!("set_feature_gates on {which}: {e}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cell_names_are_those_of_e2e_cluster() {
+        let script = std::fs::read_to_string(crate::workspace_root().join("e2e/lib/cells.sh"))
+            .expect("reading e2e/lib/cells.sh");
+        for cell in Cell::ALL {
+            if cell == Cell::Main {
+                continue;
+            }
+            assert!(
+                script.contains(&format!("\n  \"{}|", cell.name())),
+                "e2e/lib/cells.sh defines no cell {cell}"
+            );
+        }
+        assert!(script.contains("\"current-external-artifact|current|ExternalArtifact=true\""));
+        assert!(script.contains("\"flux27-default|2.7|\""));
+    }
+}
