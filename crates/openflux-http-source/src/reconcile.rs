@@ -31,6 +31,14 @@ pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Er
     }
     if hs.spec.suspend {
         debug!("suspended: not fetching");
+        // The last artifact stays published: served while it is stored.
+        let published = hs.status.as_ref().and_then(|s| s.artifact.as_ref());
+        if let Some(a) = published {
+            let own = heal::expected_path(&ns, &name, &a.digest).as_deref() == Some(&a.path);
+            if own && ctx.storage.exists(&a.path).await {
+                ctx.catalog.add(&a.path);
+            }
+        }
         return Ok(Done::idle());
     }
     let requested_at = hs.annotations().get(REQUESTED_AT_ANNOTATION).cloned();

@@ -196,8 +196,9 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
 
 /// The artifact server serves the current artifact and the one retention
 /// keeps, nothing else: no listing, no other file in storage, no other
-/// path; a deleted source's artifacts go at once; a file missing from
-/// storage is fetched again.
+/// path; a suspended source's artifact stays served across a restart; a
+/// deleted source's artifacts go at once; a file missing from storage is
+/// fetched again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_artifact_server_serves_only_current_artifacts() {
     let w = world("hs-serve").await;
@@ -254,6 +255,37 @@ async fn the_artifact_server_serves_only_current_artifacts() {
         .expect("removing the artifact file");
     wait_for(
         "the artifact to be stored and served again",
+        TIMEOUT,
+        || async { (c.artifact_server(&current).await.0 == 200).then_some(()) },
+    )
+    .await;
+
+    // Suspended, the last artifact stays published, also after a restart.
+    w.patch_spec("app", json!({"suspend": true})).await;
+    let World {
+        env,
+        ns: test_ns,
+        server,
+        controller,
+        kubeconfig,
+        _dir,
+    } = w;
+    let launch = Launch {
+        storage: Some(controller.stop()),
+        ..Launch::new(&ns, &[])
+    };
+    let controller = Controller::launch(&kubeconfig, &ns, launch).await;
+    let w = World {
+        env,
+        ns: test_ns,
+        server,
+        controller,
+        kubeconfig,
+        _dir,
+    };
+    let c = &w.controller;
+    wait_for(
+        "the suspended source's artifact to be served",
         TIMEOUT,
         || async { (c.artifact_server(&current).await.0 == 200).then_some(()) },
     )
