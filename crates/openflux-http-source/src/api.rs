@@ -16,6 +16,12 @@ pub const KIND: &str = "HttpSource";
 
 /// Pattern of a Go duration as Flux accepts it in `interval` and `timeout`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+/// Longest `interval` accepted (the CRD's CEL rule; the controller clamps
+/// to it): a year, 8760h.
+pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_secs(8760 * 3600);
+/// Longest `timeout` accepted (the CRD's CEL rule; the controller clamps
+/// to it): 1h.
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Pattern of an expected digest.
 pub const DIGEST_PATTERN: &str = r"^sha256:[a-f0-9]{64}$";
 
@@ -51,6 +57,9 @@ pub mod reason {
     pub const STORAGE_OPERATION_FAILED: &str = "StorageOperationFailed";
     /// The Artifact object could not be written.
     pub const ARTIFACT_WRITE_FAILED: &str = "ArtifactWriteFailed";
+    /// The URL, a redirect or the proxy is at an address the controller
+    /// refuses to fetch from (`--allow-network`).
+    pub const BLOCKED_ADDRESS: &str = "BlockedAddress";
     /// Event reason for a newly stored revision (Flux's wording).
     pub const NEW_ARTIFACT: &str = "NewArtifact";
 }
@@ -82,12 +91,22 @@ pub struct HttpSourceSpec {
     /// HTTP or HTTPS URL of a tar.gz (or tar) of manifests, or of a single YAML file.
     #[schemars(regex(pattern = r"^https?://"))]
     pub url: String,
-    /// How often to check the URL for changes, as a Go duration (e.g. `1m`, `30s`).
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    /// How often to check the URL for changes, as a Go duration (e.g. `1m`,
+    /// `30s`), greater than zero and at most `8760h`.
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s') && duration(self) <= duration('8760h')",
+        "message": "interval must be greater than 0s and at most 8760h"
+    }]))]
     pub interval: String,
-    /// Timeout of one fetch, as a Go duration. Defaults to `60s`.
+    /// Timeout of one fetch (redirects and download included), as a Go
+    /// duration greater than zero and at most `1h`. Defaults to `60s`.
     #[serde(default = "default_timeout")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s') && duration(self) <= duration('1h')",
+        "message": "timeout must be greater than 0s and at most 1h"
+    }]))]
     pub timeout: String,
     /// Expected digest of the normalized artifact, `sha256:<hex>` (the value
     /// the controller reports in `.status.artifact.digest`). A different
@@ -99,6 +118,17 @@ pub struct HttpSourceSpec {
     /// `password` (basic auth) and/or `headers` (one `Name: value` a line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalObjectReference>,
+    /// Secret in the same namespace with TLS material, as Flux's sources
+    /// read it: `ca.crt` (PEM CA certificates trusted beside the system's
+    /// roots) and/or `tls.crt` and `tls.key` (a client certificate and key
+    /// for mutual TLS). Type `Opaque` or `kubernetes.io/tls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_secret_ref: Option<LocalObjectReference>,
+    /// Secret in the same namespace with the proxy to fetch through, as
+    /// Flux's sources read it: `address` (an `http://` or `https://` URL)
+    /// and optionally `username` and `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_secret_ref: Option<LocalObjectReference>,
     /// Patterns (gitignore format, one a line) of paths to leave out of the
     /// artifact. When unset, Flux's default exclusions apply (VCS metadata,
     /// CI configuration, images and archives).
@@ -214,5 +244,40 @@ mod tests {
         assert_eq!(spec.timeout, "60s");
         assert!(!spec.suspend);
         assert_eq!(spec.secret_ref.unwrap().name, "creds");
+        let spec: HttpSourceSpec = serde_json::from_value(serde_json::json!({
+            "url": "https://example.com/a.tar.gz",
+            "interval": "1m",
+            "certSecretRef": {"name": "tls"},
+            "proxySecretRef": {"name": "proxy"}
+        }))
+        .unwrap();
+        assert_eq!(spec.cert_secret_ref.unwrap().name, "tls");
+        assert_eq!(spec.proxy_secret_ref.unwrap().name, "proxy");
+    }
+
+    /// `interval` and `timeout` are bounded by the schema: the pattern, a
+    /// length, and a CEL rule the API server evaluates.
+    #[test]
+    fn durations_are_bounded_in_the_schema() {
+        let crd = serde_json::to_value(HttpSource::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        for (field, max) in [("interval", "8760h"), ("timeout", "1h")] {
+            let schema = &spec[field];
+            assert_eq!(schema["pattern"], DURATION_PATTERN, "{field}");
+            assert_eq!(schema["maxLength"], 32, "{field}");
+            let rule = schema["x-kubernetes-validations"][0]["rule"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                rule.contains(&format!("duration('{max}')")),
+                "{field}: {rule}"
+            );
+        }
+        assert_eq!(
+            openflux_api::duration::parse("8760h").unwrap(),
+            MAX_INTERVAL
+        );
+        assert_eq!(openflux_api::duration::parse("1h").unwrap(), MAX_TIMEOUT);
     }
 }

@@ -9,19 +9,23 @@ use tracing::{debug, info};
 use crate::api::{reason, ArtifactSummary, HttpSource};
 use crate::archive;
 use crate::controller::Context;
-use crate::fetch::{self, Auth, FetchError, Fetched, Remembered};
+use crate::credentials::Credentials;
+use crate::fetch::{self, FetchError, Fetched, Remembered};
+use crate::http::Get;
 use crate::metrics;
 use crate::plan::{archive_failure, Failure, Plan, Retry};
 
 /// What a fetch is made with.
 pub struct Request<'a> {
     pub plan: &'a Plan,
-    pub auth: &'a Auth,
+    /// The client for the source's TLS and proxy settings.
+    pub client: &'a reqwest::Client,
+    pub credentials: &'a Credentials,
     /// The request fingerprint (see `fetch::fingerprint`).
     pub fingerprint: &'a str,
     /// Validators of the response the published artifact was built from.
     pub remembered: Option<&'a Remembered>,
-    /// The published artifact, when its file is in storage.
+    /// The published artifact (its file is in storage, see `heal`).
     pub published: Option<&'a ArtifactSummary>,
 }
 
@@ -35,7 +39,8 @@ pub async fn fetch_and_store(
 ) -> Result<(ArtifactSummary, Option<Remembered>), Failure> {
     let Request {
         plan,
-        auth,
+        client,
+        credentials,
         fingerprint,
         remembered,
         published,
@@ -46,15 +51,16 @@ pub async fn fetch_and_store(
         published.map(|a| a.digest.as_str()),
         published.is_some(),
     );
-    let fetched = fetch::fetch(
-        &ctx.http,
-        plan.url.as_str(),
-        auth,
-        &conditional,
-        plan.timeout,
-        ctx.max_size,
-    )
-    .await;
+    let proxy = credentials.transport.proxy.as_ref().map(|p| &p.url);
+    let get = Get {
+        url: &plan.url,
+        auth: &credentials.auth,
+        proxy,
+        conditional: &conditional,
+        timeout: plan.timeout,
+        max_size: ctx.max_size,
+    };
+    let fetched = ctx.http.fetch(client, get).await;
     let (bytes, validators) = match fetched {
         Ok(Fetched::NotModified) => {
             ctx.source_metrics.fetch(metrics::NOT_MODIFIED);
@@ -90,6 +96,14 @@ pub async fn fetch_and_store(
         Err(FetchError::Failed(message)) => {
             ctx.source_metrics.fetch(metrics::FAILED);
             return Err(Failure::new(reason::FETCH_FAILED, message, Retry::Backoff));
+        }
+        Err(FetchError::Blocked(message)) => {
+            ctx.source_metrics.fetch(metrics::FAILED);
+            return Err(Failure::new(
+                reason::BLOCKED_ADDRESS,
+                message,
+                Retry::Interval,
+            ));
         }
     };
 

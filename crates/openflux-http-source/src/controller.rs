@@ -8,6 +8,7 @@
 //! metrics and events follow Flux's conventions (`openflux_api::runtime`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,9 +29,11 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::api::{condition, HttpSource, REQUESTED_AT_ANNOTATION};
 use crate::fetch::Remembered;
+use crate::http::Http;
 use crate::metrics::SourceMetrics;
 use crate::reconcile::{is_ready, reconcile_source};
 use crate::schedule::Attempt;
+use crate::serve::Catalog;
 
 /// Field manager of every write this controller makes, and the reporting
 /// controller of its events.
@@ -53,8 +56,13 @@ pub enum Error {
 /// Everything a reconcile needs.
 pub struct Context {
     pub client: Client,
-    pub http: reqwest::Client,
+    /// The fetches' HTTP clients, behind the network policy.
+    pub http: Http,
     pub storage: Storage,
+    /// Where `storage` keeps its files.
+    pub storage_root: PathBuf,
+    /// The artifacts the artifact server may serve.
+    pub catalog: Arc<Catalog>,
     /// Writes the Artifacts.
     pub publisher: Publisher,
     /// Kubernetes Events, and notifications with `--events-addr`.
@@ -84,8 +92,10 @@ pub struct Memory {
 /// The parts of a [`Context`] made at start.
 pub struct Parts {
     pub client: Client,
-    pub http: reqwest::Client,
+    pub http: Http,
     pub storage: Storage,
+    pub storage_root: PathBuf,
+    pub catalog: Arc<Catalog>,
     pub events: EventRecorder,
     pub metrics: ControllerMetrics,
     pub source_metrics: SourceMetrics,
@@ -100,6 +110,8 @@ impl Context {
             client: parts.client,
             http: parts.http,
             storage: parts.storage,
+            storage_root: parts.storage_root,
+            catalog: parts.catalog,
             events: parts.events,
             metrics: parts.metrics,
             source_metrics: parts.source_metrics,
@@ -193,6 +205,7 @@ pub async fn run(ctx: Arc<Context>, health: Health, watch: Watch) {
     let (reader, writer) = reflector::store();
     let synced = health.clone();
     let metrics = ctx.metrics.clone();
+    let catalog = ctx.catalog.clone();
     let stream = watcher(sources, watch.config)
         .default_backoff()
         .reflect(writer)
@@ -201,8 +214,12 @@ pub async fn run(ctx: Arc<Context>, health: Health, watch: Watch) {
                 info!("HttpSource watch synced");
                 synced.set_ready();
             }
-            // The object is gone: so are its gotk_* series.
-            watcher::Event::Delete(hs) => metrics.delete_object(&ObjectLabels::of(hs)),
+            // The object is gone: so are its gotk_* series, and its
+            // artifacts are no longer served.
+            watcher::Event::Delete(hs) => {
+                metrics.delete_object(&ObjectLabels::of(hs));
+                catalog.remove_source(&hs.namespace().unwrap_or_default(), &hs.name_any());
+            }
             _ => {}
         })
         .applied_objects()
@@ -234,6 +251,15 @@ async fn sweep_storage(store: Store<HttpSource>, ctx: Arc<Context>, health: Heal
     loop {
         tick.tick().await;
         ctx.forget_missing(&store);
+        let root = ctx.storage_root.clone();
+        ctx.catalog.retain(
+            |namespace, name| {
+                store
+                    .get(&ObjectRef::<HttpSource>::new(name).within(namespace))
+                    .is_some()
+            },
+            |relative| std::fs::symlink_metadata(root.join(relative)).is_ok_and(|m| m.is_file()),
+        );
         let sources = match ctx.storage.sources().await {
             Ok(s) => s,
             Err(e) => {

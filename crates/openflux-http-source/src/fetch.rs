@@ -1,18 +1,21 @@
-//! Fetching the URL: credentials from a Secret, conditional requests, and
-//! the decisions about them as plain functions.
+//! What a fetch sends and what its answer means, as plain functions:
+//! credentials from a Secret, the request fingerprint, conditional requests
+//! and the verdict on a response status (the fetch itself is `http`'s).
 //!
 //! A fetch sends `If-None-Match`/`If-Modified-Since` only when the validators
 //! it remembers belong to the artifact that is published now and whose file
 //! is in storage: a `304 Not Modified` then keeps that artifact without a
 //! download. Anything that changes the request or what is built from the
-//! response (URL, credentials, ignore patterns, expected digest) changes the
-//! request fingerprint and so forces a full download.
+//! response (URL, credentials, TLS and proxy settings, ignore patterns,
+//! expected digest) changes the request fingerprint and so forces a full
+//! download.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
+
+use crate::transport::Transport;
 
 /// Credentials read from the Secret of `spec.secretRef`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,25 +68,29 @@ pub fn auth_from_secret(data: &BTreeMap<String, Vec<u8>>) -> Result<Auth, String
 pub fn fingerprint(
     url: &str,
     auth: &Auth,
+    transport: &Transport,
     ignore: Option<&str>,
     expected_digest: Option<&str>,
 ) -> String {
     let mut h = Sha256::new();
-    let mut field = |s: &str| {
+    let mut field = |s: &[u8]| {
         h.update((s.len() as u64).to_be_bytes());
-        h.update(s.as_bytes());
+        h.update(s);
     };
-    field(url);
+    field(url.as_bytes());
     if let Some((u, p)) = &auth.basic {
-        field(u);
-        field(p);
+        field(u.as_bytes());
+        field(p.as_bytes());
     }
     for (n, v) in &auth.headers {
-        field(n);
-        field(v);
+        field(n.as_bytes());
+        field(v.as_bytes());
     }
-    field(ignore.unwrap_or("\0default"));
-    field(expected_digest.unwrap_or(""));
+    for f in transport.fingerprint_fields() {
+        field(f);
+    }
+    field(ignore.unwrap_or("\0default").as_bytes());
+    field(expected_digest.unwrap_or("").as_bytes());
     hex::encode(h.finalize())
 }
 
@@ -195,63 +202,10 @@ pub enum FetchError {
     /// The body is larger than the limit.
     #[error("download exceeds the maximum size of {0} bytes")]
     TooLarge(u64),
-}
-
-/// Sends one GET and reads the body up to `max_size` bytes.
-pub async fn fetch(
-    client: &reqwest::Client,
-    url: &str,
-    auth: &Auth,
-    conditional: &[(HeaderName, String)],
-    timeout: Duration,
-    max_size: u64,
-) -> Result<Fetched, FetchError> {
-    let failed = |e: reqwest::Error| {
-        FetchError::Failed(format!("GET {url}: {}", error_chain(&e.without_url())))
-    };
-    let mut request = client.get(url).timeout(timeout);
-    if let Some((user, password)) = &auth.basic {
-        request = request.basic_auth(user, Some(password));
-    }
-    for (name, value) in &auth.headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    for (name, value) in conditional {
-        request = request.header(name, value.as_str());
-    }
-    let mut response = request.send().await.map_err(failed)?;
-    match judge(response.status().as_u16(), !conditional.is_empty()) {
-        Verdict::NotModified => return Ok(Fetched::NotModified),
-        Verdict::Failed(why) => return Err(FetchError::Failed(format!("GET {url}: {why}"))),
-        Verdict::Download => {}
-    }
-    if response.content_length().is_some_and(|n| n > max_size) {
-        return Err(FetchError::TooLarge(max_size));
-    }
-    let validators = Validators::from_headers(response.headers());
-    let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(failed)? {
-        if (bytes.len() + chunk.len()) as u64 > max_size {
-            return Err(FetchError::TooLarge(max_size));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(Fetched::Body { bytes, validators })
-}
-
-/// An error with its sources, so "error sending request" says why.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = s.source();
-    }
-    message
+    /// The URL, a redirect or the proxy is at an address the network
+    /// policy refuses.
+    #[error("{0}")]
+    Blocked(String),
 }
 
 #[cfg(test)]
@@ -357,18 +311,27 @@ mod tests {
     #[test]
     fn fingerprint_changes_with_what_shapes_the_artifact() {
         let auth = Auth::default();
-        let base = fingerprint("http://a/x", &auth, None, None);
-        assert_eq!(base, fingerprint("http://a/x", &auth, None, None));
-        assert_ne!(base, fingerprint("http://a/y", &auth, None, None));
-        assert_ne!(base, fingerprint("http://a/x", &auth, Some(""), None));
+        let t = Transport::default();
+        let base = fingerprint("http://a/x", &auth, &t, None, None);
+        assert_eq!(base, fingerprint("http://a/x", &auth, &t, None, None));
+        assert_ne!(base, fingerprint("http://a/y", &auth, &t, None, None));
+        assert_ne!(base, fingerprint("http://a/x", &auth, &t, Some(""), None));
         assert_ne!(
             base,
-            fingerprint("http://a/x", &auth, None, Some("sha256:00"))
+            fingerprint("http://a/x", &auth, &t, None, Some("sha256:00"))
         );
         let basic = Auth {
             basic: Some(("u".into(), "p".into())),
             headers: vec![],
         };
-        assert_ne!(base, fingerprint("http://a/x", &basic, None, None));
+        assert_ne!(base, fingerprint("http://a/x", &basic, &t, None, None));
+        let proxied = Transport {
+            proxy: Some(crate::transport::ProxyConfig {
+                url: reqwest::Url::parse("http://proxy:3128").unwrap(),
+                basic: None,
+            }),
+            tls: None,
+        };
+        assert_ne!(base, fingerprint("http://a/x", &auth, &proxied, None, None));
     }
 }

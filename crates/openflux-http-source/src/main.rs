@@ -11,12 +11,22 @@ mod api;
 mod archive;
 mod artifact;
 mod controller;
+mod credentials;
 mod fetch;
+mod guard;
+mod heal;
+mod http;
 mod metrics;
+mod netpolicy;
 mod plan;
 mod reconcile;
+mod redact;
+mod redirect;
+mod report;
 mod schedule;
+mod serve;
 mod status;
+mod transport;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,7 +49,10 @@ use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::controller::{Context, Parts, Watch, FIELD_MANAGER};
+use crate::guard::Guard;
 use crate::metrics::SourceMetrics;
+use crate::netpolicy::{Cidr, NetworkPolicy};
+use crate::serve::Catalog;
 
 /// The HttpSource controller: fetches tar.gz archives or YAML files over
 /// HTTP(S) and publishes them as openflux Artifacts.
@@ -104,6 +117,22 @@ struct RunArgs {
     /// Largest artifact accepted, in decompressed bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_SIZE)]
     max_artifact_size: u64,
+    /// Address ranges HttpSources may be fetched from although they are
+    /// refused by default (loopback, private, link-local, CGNAT, ...), e.g.
+    /// `10.0.0.0/8` or `192.168.1.10/32`; repeat the flag or separate
+    /// ranges with commas. Cluster-internal names are fetched only when all
+    /// their addresses are allowed. The Kubernetes API server never is.
+    #[arg(
+        long = "allow-network",
+        value_name = "CIDR",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    allow_network: Vec<Cidr>,
+}
+
+fn parse_cidr(s: &str) -> Result<Cidr, netpolicy::InvalidCidr> {
+    s.parse()
 }
 
 /// The HttpSource CRD as YAML, as committed in `manifests/http-source/crd.yaml`.
@@ -184,6 +213,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     let client = kube_client(args.kubeconfig.as_ref()).await?;
+    // Fetches go through the network policy; the API server's address is
+    // the one a pod is given.
+    let api_server = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+    let policy = NetworkPolicy::new(args.allow_network.clone(), api_server);
+    let allowed: Vec<String> = policy.allowed().iter().map(Cidr::to_string).collect();
+    info!(allowed = %allowed.join(","), "fetching from public addresses and the allowed networks only");
+    let fetches = http::Http::new(Guard::new(policy))?;
+    // Events go to notification-controller, inside the cluster: not a fetch.
     let http = reqwest::Client::builder()
         .user_agent(concat!("openflux-http-source/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(30))
@@ -207,10 +244,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let source_metrics = SourceMetrics::register(&mut registry);
     let health = Health::default();
 
+    let catalog = Arc::new(Catalog::default());
     serve(
         "artifact",
         args.storage_addr.socket_addr(),
-        storage.router(),
+        serve::router(args.storage_path.clone(), catalog.clone()),
     )
     .await?;
     serve(
@@ -228,8 +266,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let ctx = Arc::new(Context::new(Parts {
         client: client.clone(),
-        http,
+        http: fetches,
         storage,
+        storage_root: args.storage_path.clone(),
+        catalog,
         events,
         metrics: controller_metrics,
         source_metrics,
@@ -342,5 +382,27 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["openflux-http-source", "crds"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Crds)));
+    }
+
+    /// `--allow-network` takes ranges, repeated or comma-separated; nothing
+    /// is allowed by default, and a bad range is refused at start.
+    #[test]
+    fn allow_network_takes_ranges() {
+        let cli = Cli::try_parse_from(["openflux-http-source"]).unwrap();
+        assert!(cli.run.allow_network.is_empty());
+        assert!(!cli.run.runtime.leader_election.enable_leader_election);
+        let cli = Cli::try_parse_from([
+            "openflux-http-source",
+            "--allow-network=127.0.0.1/32,10.0.0.0/8",
+            "--allow-network",
+            "fd00::/8",
+        ])
+        .unwrap();
+        let ranges: Vec<String> = cli.run.allow_network.iter().map(Cidr::to_string).collect();
+        assert_eq!(ranges, ["127.0.0.1/32", "10.0.0.0/8", "fd00::/8"]);
+        let err = Cli::try_parse_from(["openflux-http-source", "--allow-network=10.0.0.0/40"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid network"), "{err}");
     }
 }

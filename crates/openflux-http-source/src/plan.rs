@@ -11,14 +11,21 @@ use openflux_api::producer::digest::{Algorithm, Digest};
 use openflux_api::runtime::ReconcileResult;
 use openflux_api::ArtifactSpec;
 
-use crate::api::{reason, ArtifactSummary, HttpSourceSpec};
+use crate::api::{reason, ArtifactSummary, HttpSourceSpec, MAX_INTERVAL, MAX_TIMEOUT};
+use crate::redirect::take_userinfo;
 use crate::schedule;
 
 /// A spec made usable.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// `spec.url` without its userinfo.
     pub url: reqwest::Url,
+    /// The userinfo of `spec.url`, decoded: basic auth credentials, sent
+    /// only to the URL's origin.
+    pub userinfo: Option<(String, String)>,
+    /// At most [`MAX_INTERVAL`].
     pub interval: Duration,
+    /// At most [`MAX_TIMEOUT`].
     pub timeout: Duration,
     pub ignore: IgnoreRules,
     /// The expected digest of the artifact.
@@ -27,19 +34,19 @@ pub struct Plan {
 
 /// Validates a spec. The CRD schema checks most of it; this also covers
 /// objects written while the schema was older.
+///
+/// Durations beyond the schema's bounds (objects written before the bounds
+/// existed) are clamped to them, so no timer or deadline computed from them
+/// can overflow.
 pub fn plan(spec: &HttpSourceSpec) -> Result<Plan, String> {
-    let url = reqwest::Url::parse(&spec.url).map_err(|e| format!("invalid url: {e}"))?;
+    let mut url = reqwest::Url::parse(&spec.url).map_err(|e| format!("invalid url: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("unsupported url scheme {:?}", url.scheme()));
     }
-    let interval = duration::parse(&spec.interval).map_err(|e| format!("interval: {e}"))?;
-    if interval.is_zero() {
-        return Err("interval must be greater than zero".into());
-    }
-    let timeout = duration::parse(&spec.timeout).map_err(|e| format!("timeout: {e}"))?;
-    if timeout.is_zero() {
-        return Err("timeout must be greater than zero".into());
-    }
+    let userinfo = take_userinfo(&mut url);
+    url.set_fragment(None);
+    let interval = bounded(&spec.interval, MAX_INTERVAL).map_err(|e| format!("interval: {e}"))?;
+    let timeout = bounded(&spec.timeout, MAX_TIMEOUT).map_err(|e| format!("timeout: {e}"))?;
     let digest = match &spec.digest {
         Some(d) => match d.parse::<Digest>() {
             Ok(digest) if digest.algorithm() == Algorithm::Sha256 => Some(digest),
@@ -50,11 +57,27 @@ pub fn plan(spec: &HttpSourceSpec) -> Result<Plan, String> {
     let ignore = IgnoreRules::parse(spec.ignore.as_deref())?;
     Ok(Plan {
         url,
+        userinfo,
         interval,
         timeout,
         ignore,
         digest,
     })
+}
+
+/// A Go duration greater than zero, clamped to `max`.
+fn bounded(text: &str, max: Duration) -> Result<Duration, String> {
+    let d = duration::parse(text).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d.min(max))
+}
+
+/// Requeue after `delay`, never later than [`MAX_INTERVAL`] (a deadline
+/// computed from it cannot overflow).
+pub fn requeue(delay: Duration) -> Action {
+    Action::requeue(delay.min(MAX_INTERVAL))
 }
 
 /// When to try again after a failure.
@@ -88,8 +111,8 @@ impl Failure {
     /// When to reconcile again after `failures` consecutive failures.
     pub fn action(&self, failures: u32, interval: Duration) -> Action {
         match self.retry {
-            Retry::Backoff => Action::requeue(schedule::retry_delay(failures, interval)),
-            Retry::Interval => Action::requeue(interval),
+            Retry::Backoff => requeue(schedule::retry_delay(failures, interval)),
+            Retry::Interval => requeue(interval),
             Retry::Never => Action::await_change(),
         }
     }
@@ -137,7 +160,7 @@ impl Done {
     /// Published; the next run is on the interval.
     pub fn published(interval: Duration) -> Self {
         Done {
-            action: Action::requeue(interval),
+            action: requeue(interval),
             result: ReconcileResult::RequeueAfter,
             ready: Some(true),
         }
@@ -146,7 +169,7 @@ impl Done {
     /// Not due yet: the next run in `wait`.
     pub fn not_due(wait: Duration) -> Self {
         Done {
-            action: Action::requeue(wait),
+            action: requeue(wait),
             result: ReconcileResult::RequeueAfter,
             ready: None,
         }
@@ -212,6 +235,10 @@ mod tests {
                 "greater than zero",
             ),
             (
+                serde_json::json!({"url": "http://e", "interval": "1m", "timeout": "0s"}),
+                "timeout",
+            ),
+            (
                 serde_json::json!({"url": "http://e", "interval": "1m", "digest": "sha256:XY"}),
                 "digest",
             ),
@@ -227,6 +254,53 @@ mod tests {
             let err = plan(&spec(json.clone())).unwrap_err();
             assert!(err.contains(needle), "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn takes_credentials_out_of_the_url() {
+        let p = plan(&spec(serde_json::json!({
+            "url": "https://user:pa%20ss@e.com/a.tgz#x", "interval": "1m"
+        })))
+        .unwrap();
+        assert_eq!(p.url.as_str(), "https://e.com/a.tgz");
+        assert_eq!(p.userinfo, Some(("user".into(), "pa ss".into())));
+    }
+
+    /// A huge interval (or timeout) in an object the schema did not check is
+    /// clamped, and no requeue or deadline computed from it overflows.
+    #[test]
+    fn clamps_huge_durations() {
+        let p = plan(&spec(serde_json::json!({
+            "url": "https://e.com/a.tgz",
+            "interval": "99999999999999h",
+            "timeout": "5000000000h",
+        })))
+        .unwrap();
+        assert_eq!(p.interval, MAX_INTERVAL);
+        assert_eq!(p.timeout, MAX_TIMEOUT);
+        let now = std::time::Instant::now();
+        assert!(now.checked_add(p.interval).is_some());
+        assert!(tokio::time::Instant::now().checked_add(p.timeout).is_some());
+        assert_eq!(
+            Done::published(p.interval).action,
+            Action::requeue(MAX_INTERVAL)
+        );
+        assert_eq!(requeue(Duration::MAX), Action::requeue(MAX_INTERVAL));
+        let f = Failure::new(reason::FETCH_FAILED, "x", Retry::Interval);
+        assert_eq!(
+            f.action(u32::MAX, Duration::MAX),
+            Action::requeue(MAX_INTERVAL)
+        );
+        let b = Failure::new(reason::FETCH_FAILED, "x", Retry::Backoff);
+        assert_eq!(
+            b.action(u32::MAX, Duration::MAX),
+            Action::requeue(schedule::MAX_RETRY_DELAY)
+        );
+        // Beyond what a Duration holds: rejected, not wrapped.
+        assert!(plan(&spec(serde_json::json!({
+            "url": "https://e.com/a.tgz", "interval": format!("{}h", "9".repeat(40))
+        })))
+        .is_err());
     }
 
     #[test]

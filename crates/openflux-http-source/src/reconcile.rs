@@ -1,41 +1,46 @@
-//! One reconcile of an HttpSource: decide whether a fetch is due, fetch and
-//! publish, and write what happened into the status and Events.
+//! One reconcile of an HttpSource: refuse a URL the network policy
+//! refuses, heal the published artifact, decide whether a fetch is due,
+//! fetch and publish, and write what happened into the status and Events.
 
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use openflux_api::producer::publish::exported_ref;
-use openflux_api::runtime::events::{FluxEvent, META_DIGEST, META_REVISION};
 use openflux_api::Artifact;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{
-    condition, reason, ArtifactSummary, HttpSource, HttpSourceStatus, API_VERSION, KIND,
-    REQUESTED_AT_ANNOTATION,
+    condition, reason, ArtifactSummary, HttpSource, MAX_INTERVAL, REQUESTED_AT_ANNOTATION,
 };
 use crate::artifact::{fetch_and_store, Request};
-use crate::controller::{Context, Error, Memory, FIELD_MANAGER};
-use crate::fetch::{self, Auth};
+use crate::controller::{Context, Error, Memory};
+use crate::credentials::read_credentials;
+use crate::fetch;
+use crate::heal::{self, Healing};
 use crate::plan::{artifact_spec, plan, Done, Failure, Retry};
+use crate::redact::redact_url;
+use crate::report::{write_outcome, write_status};
 use crate::schedule::{self, Attempt, Triggers};
-use crate::status::{self, Outcome};
 
 /// One reconcile.
 pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Error> {
     let ns = hs.namespace().ok_or(Error::Incomplete)?;
+    let name = hs.name_any();
     if hs.metadata.deletion_timestamp.is_some() {
         return Ok(Done::idle());
     }
     if hs.spec.suspend {
         debug!("suspended: not fetching");
+        // The last artifact stays published: served while it is stored.
+        let published = hs.status.as_ref().and_then(|s| s.artifact.as_ref());
+        if let Some(a) = published {
+            let own = heal::expected_path(&ns, &name, &a.digest).as_deref() == Some(&a.path);
+            if own && ctx.storage.exists(&a.path).await {
+                ctx.catalog.add(&a.path);
+            }
+        }
         return Ok(Done::idle());
     }
-    let status = hs.status.as_ref();
     let requested_at = hs.annotations().get(REQUESTED_AT_ANNOTATION).cloned();
     let requested_at = requested_at.as_deref();
 
@@ -43,22 +48,52 @@ pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Er
         Ok(plan) => plan,
         Err(message) => {
             let failure = Failure::new(reason::INVALID_SPEC, message, Retry::Never);
-            write_outcome(hs, ctx, requested_at, &Err(failure.clone())).await?;
-            return Ok(Done::failed(&failure, 1, std::time::Duration::MAX));
+            return stall(hs, ctx, requested_at, failure).await;
         }
     };
+    // An address in the URL (or the API server's name) is refused without
+    // a lookup: nothing but a change of the spec (or of the controller's
+    // flags, which restarts it) can help.
+    if let Err(blocked) = ctx.http.guard().check_static(&plan.url) {
+        let message = format!("GET {}: {blocked}", redact_url(&plan.url));
+        let failure = Failure::new(reason::BLOCKED_ADDRESS, message, Retry::Never);
+        return stall(hs, ctx, requested_at, failure).await;
+    }
+
+    // The published artifact: this source's, stored here, at this address?
+    let mut current = hs.status.clone();
+    let published = current.as_ref().and_then(|s| s.artifact.as_ref());
+    let stored = match published {
+        Some(a) => ctx.storage.exists(&a.path).await,
+        None => false,
+    };
+    let healing = heal::judge(published, &ns, &name, stored, |p| ctx.storage.url(p));
+    match &healing {
+        Healing::Rewrite(healed) => {
+            info!(url = %healed.url, "advertising the artifact at the current storage address");
+            if let Some(s) = current.as_mut() {
+                s.artifact = Some(healed.clone());
+            }
+        }
+        Healing::Lost(why) => {
+            info!(why = %why, "the published artifact cannot be served: fetching it again");
+            if let Some(s) = current.as_mut() {
+                s.artifact = None;
+            }
+        }
+        Healing::Keep | Healing::Nothing => {}
+    }
+    let published = current.as_ref().and_then(|s| s.artifact.clone());
+    if let Some(a) = &published {
+        ctx.catalog.add(&a.path);
+    }
 
     let key = ObjectRef::from_obj(hs);
     let memory = ctx.memory_of(&key, hs.metadata.uid.as_ref());
     let previous_failures = memory.as_ref().map_or(0, |m| m.attempt.failures);
-    let published = status.and_then(|s| s.artifact.as_ref());
-    let stored = match published {
-        Some(a) => ctx.storage.exists(&a.path).await,
-        None => true,
-    };
 
-    let auth = match read_auth(hs, ctx, &ns).await {
-        Ok(auth) => auth,
+    let mut credentials = match read_credentials(&ctx.client, &ns, &hs.spec).await {
+        Ok(c) => c,
         Err(failure) => {
             let failures = previous_failures + 1;
             ctx.remember(
@@ -74,42 +109,75 @@ pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Er
                     remembered: memory.and_then(|m| m.remembered),
                 },
             );
-            write_outcome(hs, ctx, requested_at, &Err(failure.clone())).await?;
+            write_outcome(
+                hs,
+                ctx,
+                current.as_ref(),
+                requested_at,
+                &Err(failure.clone()),
+            )
+            .await?;
             return Ok(Done::failed(&failure, failures, plan.interval));
         }
     };
+    if credentials.auth.basic.is_none() {
+        credentials.auth.basic = plan.userinfo.clone();
+    }
     let fingerprint = fetch::fingerprint(
         &hs.spec.url,
-        &auth,
+        &credentials.auth,
+        &credentials.transport,
         hs.spec.ignore.as_deref(),
         hs.spec.digest.as_deref(),
     );
 
+    let status = hs.status.as_ref();
     let triggers = Triggers {
         requested: requested_at.is_some()
             && requested_at != status.and_then(|s| s.last_handled_reconcile_at.as_deref()),
         new_generation: memory.as_ref().map(|m| m.generation) != Some(hs.metadata.generation),
-        stored,
+        stored: !matches!(healing, Healing::Lost(_)),
     };
     let last = memory.as_ref().map(|m| &m.attempt);
     if let Some(wait) =
         schedule::next_fetch(last, Instant::now(), plan.interval, &fingerprint, triggers)
     {
         // Not due: keep the Artifact as published (a no-op when unchanged;
-        // restores it when it was deleted or edited).
-        if let Some(summary) = published {
+        // restores it when it was deleted or edited, and moves it to the
+        // current address).
+        if let Some(summary) = &published {
             apply_artifact(hs, ctx, summary).await?;
+        }
+        if let Some(new) = &current {
+            write_status(hs, ctx, new).await?;
         }
         return Ok(Done::not_due(wait));
     }
 
     let remembered = memory.as_ref().and_then(|m| m.remembered.clone());
+    let client = match ctx.http.client_for(&credentials.transport) {
+        Ok(client) => client,
+        Err(e) => {
+            let failure =
+                Failure::new(reason::AUTHENTICATION_FAILED, e.to_string(), Retry::Backoff);
+            write_outcome(
+                hs,
+                ctx,
+                current.as_ref(),
+                requested_at,
+                &Err(failure.clone()),
+            )
+            .await?;
+            return Ok(Done::failed(&failure, previous_failures + 1, plan.interval));
+        }
+    };
     let request = Request {
         plan: &plan,
-        auth: &auth,
+        client: &client,
+        credentials: &credentials,
         fingerprint: &fingerprint,
         remembered: remembered.as_ref(),
-        published: published.filter(|_| stored),
+        published: published.as_ref(),
     };
     let result = match fetch_and_store(hs, ctx, &ns, request).await {
         Ok((summary, new_remembered)) => match apply_artifact(hs, ctx, &summary).await {
@@ -120,7 +188,15 @@ pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Er
                 Retry::Backoff,
             )),
         },
-        Err(failure) => Err(failure),
+        Err(failure) => {
+            // What is published stays published, at the current address.
+            if let Some(summary) = &published {
+                if let Err(e) = apply_artifact(hs, ctx, summary).await {
+                    warn!(error = %e, "cannot write the Artifact");
+                }
+            }
+            Err(failure)
+        }
     };
 
     let failures = if result.is_ok() {
@@ -147,16 +223,37 @@ pub async fn reconcile_source(hs: &HttpSource, ctx: &Context) -> Result<Done, Er
     );
 
     let outcome = result.map(|(summary, _)| summary);
-    write_outcome(hs, ctx, requested_at, &outcome).await?;
+    if let Ok(summary) = &outcome {
+        ctx.catalog.add(&summary.path);
+    }
+    write_outcome(hs, ctx, current.as_ref(), requested_at, &outcome).await?;
     match outcome {
         Ok(summary) => {
-            if published.map(|p| &p.digest) != Some(&summary.digest) {
+            if published.as_ref().map(|p| &p.digest) != Some(&summary.digest) {
                 collect_garbage(hs, ctx, &ns, &summary).await;
             }
             Ok(Done::published(plan.interval))
         }
         Err(failure) => Ok(Done::failed(&failure, failures, plan.interval)),
     }
+}
+
+/// Records a failure that waits for a change of the spec.
+async fn stall(
+    hs: &HttpSource,
+    ctx: &Context,
+    requested_at: Option<&str>,
+    failure: Failure,
+) -> Result<Done, Error> {
+    write_outcome(
+        hs,
+        ctx,
+        hs.status.as_ref(),
+        requested_at,
+        &Err(failure.clone()),
+    )
+    .await?;
+    Ok(Done::failed(&failure, 1, MAX_INTERVAL))
 }
 
 async fn collect_garbage(hs: &HttpSource, ctx: &Context, ns: &str, current: &ArtifactSummary) {
@@ -172,26 +269,6 @@ async fn collect_garbage(hs: &HttpSource, ctx: &Context, ns: &str, current: &Art
     }
 }
 
-async fn read_auth(hs: &HttpSource, ctx: &Context, ns: &str) -> Result<Auth, Failure> {
-    let Some(secret_ref) = &hs.spec.secret_ref else {
-        return Ok(Auth::default());
-    };
-    let fail = |m: String| Failure::new(reason::AUTHENTICATION_FAILED, m, Retry::Backoff);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = secrets
-        .get_opt(&secret_ref.name)
-        .await
-        .map_err(|e| fail(format!("cannot read secret '{}': {e}", secret_ref.name)))?
-        .ok_or_else(|| fail(format!("secret '{}' not found", secret_ref.name)))?;
-    let data = secret
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, v.0))
-        .collect();
-    fetch::auth_from_secret(&data).map_err(|m| fail(format!("secret '{}': {m}", secret_ref.name)))
-}
-
 async fn apply_artifact(
     hs: &HttpSource,
     ctx: &Context,
@@ -202,82 +279,6 @@ async fn apply_artifact(
         .publisher
         .publish(hs, &name, artifact_spec(summary))
         .await?)
-}
-
-/// Writes the status an outcome implies (when it differs) and emits Events.
-async fn write_outcome(
-    hs: &HttpSource,
-    ctx: &Context,
-    requested_at: Option<&str>,
-    outcome: &Result<ArtifactSummary, Failure>,
-) -> Result<(), Error> {
-    let outcome = match outcome {
-        Ok(summary) => Outcome::Published(summary.clone()),
-        Err(f) => {
-            warn!(reason = f.reason, error = %f.message, "reconcile failed");
-            Outcome::Failed {
-                reason: f.reason,
-                message: f.message.clone(),
-                stalled: f.retry == Retry::Never,
-            }
-        }
-    };
-    let now = Time(Timestamp::now());
-    let old = hs.status.as_ref();
-    let new: HttpSourceStatus =
-        status::next_status(old, hs.metadata.generation, requested_at, &outcome, &now);
-    if old != Some(&new) {
-        let ns = hs.namespace().ok_or(Error::Incomplete)?;
-        let api: Api<HttpSource> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "status": new,
-        });
-        api.patch_status(
-            &hs.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    }
-    let notices = status::notices(old, &new, &hs.spec.url);
-    if notices.is_empty() {
-        return Ok(());
-    }
-    let alert_target = alert_target(hs, ctx).await;
-    for notice in notices {
-        let mut event = if notice.warning {
-            FluxEvent::warning(notice.reason, notice.message)
-        } else {
-            FluxEvent::normal(notice.reason, notice.message)
-        };
-        if let Some(artifact) = &notice.artifact {
-            event = event
-                .with_metadata(META_REVISION, &artifact.revision)
-                .with_metadata(META_DIGEST, &artifact.digest);
-        }
-        ctx.events.publish(hs, &event, alert_target.as_ref()).await;
-    }
-    Ok(())
-}
-
-/// The object notification-controller is told an event is about: the one
-/// openflux exported this source's Artifact to, which an Alert can select
-/// (an Alert cannot name the HttpSource kind). `None` before the export, or
-/// when events are not posted at all.
-async fn alert_target(hs: &HttpSource, ctx: &Context) -> Option<ObjectReference> {
-    if !ctx.events.notifies() {
-        return None;
-    }
-    let ns = hs.namespace()?;
-    match ctx.publisher.get(&ns, &hs.name_any()).await {
-        Ok(artifact) => artifact.as_ref().and_then(exported_ref),
-        Err(e) => {
-            debug!(error = %e, "cannot read the Artifact for its exported object");
-            None
-        }
-    }
 }
 
 /// Whether the source is Ready, by its status.

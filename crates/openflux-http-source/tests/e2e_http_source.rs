@@ -4,8 +4,18 @@
 //! namespace and running as a ServiceAccount bound (by a RoleBinding) to the
 //! ClusterRole shipped in manifests/http-source/rbac.yaml, so every test also
 //! proves those permissions suffice. Content is served by an in-test HTTP
-//! server that honours `If-None-Match` and counts what it sends; events for
-//! notification-controller go to an in-test receiver that keeps them.
+//! server on loopback that honours `If-None-Match`, counts what it sends
+//! and keeps the headers it was sent; the controller is allowed to fetch
+//! from it with `--allow-network=127.0.0.1/32` (loopback is refused by
+//! default, see `security`). Events for notification-controller go to an
+//! in-test receiver that keeps them.
+
+#[path = "e2e_http_source/healing.rs"]
+mod healing;
+#[path = "e2e_http_source/leader.rs"]
+mod leader;
+#[path = "e2e_http_source/security.rs"]
+mod security;
 
 use openflux_testkit as support;
 
@@ -45,6 +55,10 @@ struct Served {
     down: bool,
     /// Require this `Authorization` header.
     authorization: Option<String>,
+    /// Answer `302 Found` with this `Location` instead.
+    redirect: Option<String>,
+    /// The headers of every request, names in lower case.
+    seen: Vec<HashMap<String, String>>,
     /// 200 responses with a body.
     full: u64,
     /// 304 responses.
@@ -81,11 +95,17 @@ struct ContentServer {
 
 impl ContentServer {
     async fn start() -> Self {
+        Self::start_on("127.0.0.1").await
+    }
+
+    /// A content server on another loopback address (Linux routes all of
+    /// 127.0.0.0/8 to the loopback interface).
+    async fn start_on(ip: &str) -> Self {
         let content = Content::default();
         let router = Router::new()
             .route("/{*path}", get(serve_content))
             .with_state(content.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
             .expect("binding the content server");
         let addr = listener.local_addr().expect("content server address");
@@ -120,8 +140,20 @@ async fn serve_content(
         return StatusCode::NOT_FOUND.into_response();
     };
     served.requests += 1;
+    served.seen.push(
+        headers
+            .iter()
+            .map(|(n, v)| {
+                let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                (n.as_str().to_string(), value)
+            })
+            .collect(),
+    );
     if served.down {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    if let Some(location) = &served.redirect {
+        return (StatusCode::FOUND, [(header::LOCATION, location.clone())]).into_response();
     }
     if let Some(expected) = &served.authorization {
         let given = headers
@@ -286,11 +318,43 @@ struct Controller {
     log: PathBuf,
 }
 
+/// How to start a controller beyond the defaults.
+struct Launch {
+    /// Flags added at the end.
+    extra: Vec<String>,
+    /// `--allow-network` values (default: the loopback content server's).
+    allow: Vec<String>,
+    /// The storage directory (a fresh one when `None`).
+    storage: Option<tempfile::TempDir>,
+    /// Environment variables added.
+    env: Vec<(String, String)>,
+    /// Name of the log file and of the pod (`POD_NAME`, `HOSTNAME`).
+    instance: String,
+    /// Wait for `/readyz` (a standby of leader election is never ready).
+    wait_ready: bool,
+}
+
+impl Launch {
+    fn new(ns: &str, extra: &[String]) -> Self {
+        Launch {
+            extra: extra.to_vec(),
+            allow: vec!["127.0.0.1/32".to_string()],
+            storage: None,
+            env: Vec::new(),
+            instance: format!("{ns}-controller"),
+            wait_ready: true,
+        }
+    }
+}
+
 impl Controller {
-    async fn start(kubeconfig: &Path, ns: &str, extra: &[String]) -> Self {
+    async fn launch(kubeconfig: &Path, ns: &str, launch: Launch) -> Self {
         let (metrics_addr, health_addr, storage_addr) = (free_addr(), free_addr(), free_addr());
-        let storage = tempfile::tempdir().expect("storage dir");
-        let log = std::env::temp_dir().join(format!("{ns}-http-source.log"));
+        let storage = match launch.storage {
+            Some(dir) => dir,
+            None => tempfile::tempdir().expect("storage dir"),
+        };
+        let log = std::env::temp_dir().join(format!("{}-http-source.log", launch.instance));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file handle");
         let child = Command::new(binary())
@@ -305,8 +369,18 @@ impl Controller {
             .arg("--artifact-retention-ttl=10s")
             .arg("--artifact-retention-records=2")
             .arg("--log-level=debug")
-            .args(extra)
-            .env("POD_NAME", format!("{ns}-controller"))
+            .args(launch.allow.iter().map(|a| format!("--allow-network={a}")))
+            .args(&launch.extra)
+            .env("POD_NAME", &launch.instance)
+            .env("HOSTNAME", &launch.instance)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("HTTP_PROXY")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("ALL_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("https_proxy")
+            .env_remove("all_proxy")
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -318,6 +392,11 @@ impl Controller {
             storage_addr,
             storage,
             log,
+        };
+        let probe = if launch.wait_ready {
+            "/readyz"
+        } else {
+            "/healthz"
         };
         wait_for("openflux-http-source to be ready", TIMEOUT, || {
             let exited = controller
@@ -332,11 +411,41 @@ impl Controller {
                         tail(&log, 40)
                     );
                 }
-                matches!(http_get(health_addr, "/readyz").await, Some((200, _))).then_some(())
+                matches!(http_get(health_addr, probe).await, Some((200, _))).then_some(())
             }
         })
         .await;
         controller
+    }
+
+    /// Stops the controller (SIGTERM, as Kubernetes does) and hands back its
+    /// storage.
+    fn stop(mut self) -> tempfile::TempDir {
+        self.terminate();
+        let placeholder = tempfile::tempdir().expect("temp dir");
+        std::mem::replace(&mut self.storage, placeholder)
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            for _ in 0..50 {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The whole log so far.
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// A sample of `openflux_http_source_fetches_total` (0 when absent).
@@ -371,6 +480,13 @@ impl Controller {
         let path = url
             .strip_prefix(&prefix)
             .unwrap_or_else(|| panic!("artifact url {url} is not under {prefix}"));
+        let (status, body) = self.artifact_server(path).await;
+        assert_eq!(status, 200, "GET {url}");
+        body
+    }
+
+    /// GET `path` (sent as written) from the artifact server: status, body.
+    async fn artifact_server(&self, path: &str) -> (u16, Vec<u8>) {
         // The artifact server answers binary bodies; fetch them raw.
         let mut stream = tokio::net::TcpStream::connect(self.storage_addr)
             .await
@@ -388,11 +504,12 @@ impl Controller {
             .position(|w| w == b"\r\n\r\n")
             .expect("an HTTP response");
         let head = String::from_utf8_lossy(&response[..split]);
-        assert!(
-            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-            "{head}"
-        );
-        response[split + 4..].to_vec()
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head}"));
+        (status, response[split + 4..].to_vec())
     }
 
     /// The artifact files stored for a source.
@@ -420,20 +537,7 @@ impl Drop for Controller {
                 tail(&self.log, 80)
             );
         }
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            for _ in 0..50 {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.terminate();
     }
 }
 
@@ -532,6 +636,8 @@ struct World {
     ns: support::TestNamespace,
     server: ContentServer,
     controller: Controller,
+    /// The ServiceAccount's kubeconfig, to start more controllers.
+    kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -541,18 +647,24 @@ async fn world(prefix: &str) -> World {
 
 /// A world whose controller gets `extra` flags.
 async fn world_with(prefix: &str, extra: &[String]) -> World {
+    world_launched(prefix, |ns| Launch::new(ns, extra)).await
+}
+
+/// A world whose controller is started as `launch` says.
+async fn world_launched(prefix: &str, launch: impl FnOnce(&str) -> Launch) -> World {
     let env = cluster().await;
     install_crds(&env).await;
     let ns = env.namespace(prefix).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = service_account_kubeconfig(&env, ns.name(), dir.path()).await;
     let server = ContentServer::start().await;
-    let controller = Controller::start(&kubeconfig, ns.name(), extra).await;
+    let controller = Controller::launch(&kubeconfig, ns.name(), launch(ns.name())).await;
     World {
         env,
         ns,
         server,
         controller,
+        kubeconfig,
         _dir: dir,
     }
 }
