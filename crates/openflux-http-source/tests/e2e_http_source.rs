@@ -1461,7 +1461,7 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
     let w = world_with("hs-flow", &[format!("--events-addr={}", receiver.url())]).await;
     for crd in [
         "kustomizations.kustomize.toolkit.fluxcd.io",
-        "externalartifacts.source.toolkit.fluxcd.io",
+        "ocirepositories.source.toolkit.fluxcd.io",
     ] {
         let installed = w
             .env
@@ -1477,7 +1477,7 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
         assert!(
             installed,
             "CRD {crd} is not installed: this test needs Flux's source-controller and \
-             kustomize-controller v1.7 or later (ExternalArtifact) in the cluster"
+             kustomize-controller in the cluster"
         );
     }
     let ns = w.ns().to_string();
@@ -1494,23 +1494,21 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
         .await;
     let first = revision(&w.wait_ready("app", None).await).expect("revision");
 
-    let exported = wait_for("the ExternalArtifact httpsource-app", TIMEOUT, || async {
-        let ea = w
-            .env
-            .get(
-                "source.toolkit.fluxcd.io/v1",
-                "ExternalArtifact",
-                Some(&ns),
-                "httpsource-app",
-            )
-            .await
-            .ok()
-            .flatten()?;
-        (text(&ea, "/status/artifact/digest") == first).then_some(ea)
+    // An ExternalArtifact or a shadow OCIRepository, as the cluster's Flux
+    // flags allow: found through the Artifact's status.
+    let (_, exported) = support::exports::wait_export(&w.env, &ns, "app", |e| {
+        text(e, "/status/artifact/digest") == first
     })
     .await;
-    assert_eq!(text(&exported, "/spec/sourceRef/kind"), "HttpSource");
-    assert_eq!(text(&exported, "/spec/sourceRef/name"), "app");
+    let origin = text(
+        &exported,
+        "/status/artifact/metadata/org.opencontainers.image.source",
+    );
+    assert!(
+        origin.starts_with("HttpSource.") && origin.ends_with("/app"),
+        "{origin}"
+    );
+    let export_ref = support::exports::reference_to(&exported);
 
     w.env
         .apply(&json!({
@@ -1518,7 +1516,7 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
             "metadata": {"name": "app", "namespace": ns},
             "spec": {
                 "interval": "1m", "prune": true, "path": "./deploy", "targetNamespace": ns,
-                "sourceRef": {"kind": "ExternalArtifact", "name": "httpsource-app"},
+                "sourceRef": export_ref,
             },
         }))
         .await

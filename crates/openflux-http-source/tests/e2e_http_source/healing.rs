@@ -11,7 +11,7 @@ const KS_INTERVAL: Duration = Duration::from_secs(10);
 async fn require_flux(env: &Env) {
     for crd in [
         "kustomizations.kustomize.toolkit.fluxcd.io",
-        "externalartifacts.source.toolkit.fluxcd.io",
+        "ocirepositories.source.toolkit.fluxcd.io",
     ] {
         let installed = env
             .get(
@@ -26,24 +26,19 @@ async fn require_flux(env: &Env) {
         assert!(
             installed,
             "CRD {crd} is not installed: this test needs Flux's source-controller and \
-             kustomize-controller v1.7 or later (ExternalArtifact) in the cluster"
+             kustomize-controller in the cluster"
         );
     }
 }
 
-/// The ExternalArtifact openflux exports for the source, once it names `url`.
-async fn exported_at(env: &Env, ns: &str, url: &str) -> Option<DynamicObject> {
-    let ea = env
-        .get(
-            "source.toolkit.fluxcd.io/v1",
-            "ExternalArtifact",
-            Some(ns),
-            "httpsource-app",
-        )
-        .await
-        .ok()
-        .flatten()?;
-    (text(&ea, "/status/artifact/url") == url).then_some(ea)
+/// What openflux exports the source's Artifact as (an ExternalArtifact or a
+/// shadow OCIRepository, found through the Artifact's status), once it names
+/// `url`.
+async fn exported_at(env: &Env, ns: &str, url: &str) -> DynamicObject {
+    let (_, export) =
+        support::exports::wait_export(env, ns, "app", |e| text(e, "/status/artifact/url") == url)
+            .await;
+    export
 }
 
 async fn kustomization(w: &World) -> Option<DynamicObject> {
@@ -55,14 +50,18 @@ async fn kustomization(w: &World) -> Option<DynamicObject> {
 }
 
 /// The Kustomization of the healing test.
-fn kustomization_object(ns: &str, suspend: bool) -> serde_json::Value {
+fn kustomization_object(
+    ns: &str,
+    source_ref: &serde_json::Value,
+    suspend: bool,
+) -> serde_json::Value {
     json!({
         "apiVersion": KUSTOMIZATION, "kind": "Kustomization",
         "metadata": {"name": "app", "namespace": ns},
         "spec": {
             "interval": format!("{}s", KS_INTERVAL.as_secs()), "prune": true,
             "path": "./deploy", "targetNamespace": ns, "suspend": suspend,
-            "sourceRef": {"kind": "ExternalArtifact", "name": "httpsource-app"},
+            "sourceRef": source_ref,
         },
     })
 }
@@ -96,12 +95,12 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
     let old_addr = w.controller.storage_addr;
     let old_url = text(&hs, "/status/artifact/url");
     assert!(old_url.starts_with(&format!("http://{old_addr}/")));
-    wait_for("the ExternalArtifact at the first address", TIMEOUT, || {
-        exported_at(&w.env, &ns, &old_url)
-    })
-    .await;
+    let export = exported_at(&w.env, &ns, &old_url).await;
+    let source_ref = support::exports::reference_to(&export);
+    // The revision Flux sees (a shadow's may be the digest).
+    let flux_revision = text(&export, "/status/artifact/revision");
     w.env
-        .apply(&kustomization_object(&ns, false))
+        .apply(&kustomization_object(&ns, &source_ref, false))
         .await
         .expect("applying the Kustomization");
     wait_for(
@@ -109,7 +108,7 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
         TIMEOUT,
         || async {
             let ks = kustomization(&w).await?;
-            (text(&ks, "/status/lastAppliedRevision") == first).then_some(())
+            (text(&ks, "/status/lastAppliedRevision") == flux_revision).then_some(())
         },
     )
     .await;
@@ -117,7 +116,7 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
     // The remote goes down and the controller moves to another address,
     // with the same storage.
     w.env
-        .apply(&kustomization_object(&ns, true))
+        .apply(&kustomization_object(&ns, &source_ref, true))
         .await
         .expect("suspending the Kustomization");
     w.server.content.set_down(path, true);
@@ -163,14 +162,11 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
     assert_eq!(sha256(&bytes), first);
     let artifact = w.artifact("app").await.expect("the Artifact");
     assert_eq!(text(&artifact, "/spec/url"), new_url);
-    wait_for("the ExternalArtifact at the new address", TIMEOUT, || {
-        exported_at(&w.env, &ns, &new_url)
-    })
-    .await;
+    exported_at(&w.env, &ns, &new_url).await;
 
     // The consumer deploys from the new address within one interval.
     w.env
-        .apply(&kustomization_object(&ns, false))
+        .apply(&kustomization_object(&ns, &source_ref, false))
         .await
         .expect("resuming the Kustomization");
     let resumed = kustomization(&w).await.expect("the Kustomization");
@@ -186,7 +182,7 @@ async fn a_new_storage_address_is_advertised_and_the_consumer_recovers() {
             let observed = field(&ks, "/status/observedGeneration").and_then(|g| g.as_i64());
             (status == "True"
                 && observed == generation
-                && text(&ks, "/status/lastAttemptedRevision") == first)
+                && text(&ks, "/status/lastAttemptedRevision") == flux_revision)
                 .then_some(())
         },
     )

@@ -264,6 +264,8 @@ async fn http_source_image_fetches_over_https_with_a_mounted_ca() {
             format!("--storage-path={data}"),
             format!("--storage-addr={storage}"),
             format!("--storage-adv-addr={storage}"),
+            // The test's HTTPS server is on loopback, refused by default.
+            "--allow-network=127.0.0.1/32".to_string(),
             format!("--metrics-addr={metrics}"),
             format!("--health-addr={health}"),
         ];
