@@ -204,6 +204,8 @@ pub mod reason {
     pub const EXPORT_CONFLICT: &str = "ExportConflict";
     /// The Flux API to export to is not installed in the cluster.
     pub const EXPORT_TARGET_MISSING: &str = "ExportTargetMissing";
+    /// The Artifact's writer may not speak for the source it claims.
+    pub const UNTRUSTED: &str = "Untrusted";
     /// Flux's generic success reason, used on exported objects.
     pub const SUCCEEDED: &str = "Succeeded";
 }

@@ -1421,6 +1421,8 @@ impl OpenfluxRun {
         let mut cmd = Command::new(support::openflux::binary());
         cmd.arg("run")
             .arg("--watch-all-namespaces=false")
+            // No webhook here: no Artifact has a recorded writer.
+            .arg("--verify-artifact-writers=false")
             .arg(format!("--namespace={ns}"))
             .arg(format!("--metrics-addr={}", free_addr()))
             .arg(format!("--health-addr={}", free_addr()))

@@ -79,6 +79,8 @@ pub async fn openflux_with_webhook(
         format!("--namespace={ns}"),
         format!("--webhook-addr={addr}"),
         format!("--webhook-configuration={}", webhook.name),
+        // The webhook records every Artifact's writer: check it.
+        "--verify-artifact-writers=true".to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

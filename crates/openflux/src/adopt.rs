@@ -20,6 +20,7 @@ use kube::ResourceExt;
 use crate::api::{Artifact, ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::identity::source_export_name;
 use crate::naming;
+use crate::trust::{ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 
 /// The API groups of Open Flux's Artifact, newest first.
 pub const OPEN_FLUX_GROUPS: [&str; 2] = ["openfluxcd.ocm.software", "openfluxcd.mandelsoft.org"];
@@ -67,6 +68,10 @@ pub fn adopt(group: &str, theirs: &DynamicObject) -> Result<Artifact, String> {
                 (ADOPTED_FROM_LABEL.to_string(), naming::label_value(group)),
             ])),
             owner_references: Some(vec![owner]),
+            annotations: theirs
+                .annotations()
+                .get(WRITER_ANNOTATION)
+                .map(|w| BTreeMap::from([(ADOPTED_WRITER_ANNOTATION.to_string(), w.clone())])),
             ..Default::default()
         },
         spec,
@@ -82,6 +87,8 @@ pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
             .labels()
             .iter()
             .all(|(k, v)| current.labels().get(k) == Some(v))
+        && current.annotations().get(ADOPTED_WRITER_ANNOTATION)
+            == desired.annotations().get(ADOPTED_WRITER_ANNOTATION)
 }
 
 #[cfg(test)]

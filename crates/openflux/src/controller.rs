@@ -59,6 +59,8 @@ pub struct Context {
     pub facts: Arc<RwLock<Facts>>,
     /// Which exported objects consumers refer to (kept by the leader).
     pub references: Arc<RwLock<References>>,
+    /// Whether an Artifact's writer may speak for its source.
+    pub verifier: crate::export::verify::Verifier,
 }
 
 impl Context {

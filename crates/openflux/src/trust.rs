@@ -24,6 +24,11 @@ use serde_json::{json, Value};
 /// Annotation holding the identity that last wrote an Artifact's spec.
 pub const WRITER_ANNOTATION: &str = "openflux.dev/written-by";
 
+/// Annotation on an Artifact openflux adopted from Open Flux: the writer of
+/// the Open Flux Artifact it stands for (openflux itself writes the adopted
+/// one).
+pub const ADOPTED_WRITER_ANNOTATION: &str = "openflux.dev/adopted-written-by";
+
 /// The identity of a writer, as the API server authenticated it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {

@@ -308,6 +308,23 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         .expect("the consumer an earlier release rewrote");
 
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    // Written before openflux's webhook for Artifacts: no writer recorded,
+    // so not trusted until its producer writes it again.
+    let refused = wait_for("the unstamped Artifact to be refused", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "web").await?;
+        let (status, reason, message) = ready_condition(&a)?;
+        (status == "False" && reason == "Untrusted").then_some(message)
+    })
+    .await;
+    assert!(refused.contains("write the Artifact again"), "{refused}");
+    let mut again = json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
+        "spec": spec,
+    });
+    again["metadata"]["labels"] = json!({"e2e.openflux.dev/written": "again"});
+    env.apply(&again).await.expect("the producer's next write");
     let (_, export) = wait_export(&env, &n, "web", |_| true).await;
     let expected = reference_to(&export);
     let moved = wait_for("the consumer to be moved", TIMEOUT, || async {
@@ -388,6 +405,115 @@ async fn flux_trace_names_the_custom_source() {
     assert!(
         text.contains("v3@sha256:"),
         "flux trace does not show the custom source's revision:\n{text}"
+    );
+    ns.delete().await;
+}
+
+/// A client acting as ServiceAccount `name` of `ns` (the test's admin
+/// impersonates it).
+fn acting_as(env: &Env, ns: &str, name: &str) -> kube::Client {
+    let mut config = env.config.clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{name}"));
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".into(),
+    ]);
+    kube::Client::try_from(config).expect("an impersonating client")
+}
+
+/// An Artifact counts for a source only when its writer may update that
+/// source's status: one written by an identity that may write Artifacts but
+/// not speak for the source is not exported, and says why; the source's own
+/// controller identity is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_deployed() {
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("trust").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    let artifacts_rule = json!({"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
+                               "verbs": ["get", "list", "create", "patch", "update"]});
+    let status_rule = json!({"apiGroups": [TEST_GROUP], "resources": ["testsources/status"],
+                            "verbs": ["update", "patch"]});
+    for (who, rules) in [
+        ("intruder", json!([artifacts_rule])),
+        ("producer", json!([artifacts_rule, status_rule])),
+    ] {
+        env.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": who, "namespace": n}}))
+            .await
+            .expect("ServiceAccount");
+        env.apply(
+            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                          "metadata": {"name": who, "namespace": n}, "rules": rules}),
+        )
+        .await
+        .expect("Role");
+        env.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                          "metadata": {"name": who, "namespace": n},
+                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
+                          "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": n}]}))
+            .await
+            .expect("RoleBinding");
+    }
+    for (who, source) in [("intruder", "victim"), ("producer", "own")] {
+        let uid = test_source(&env, &n, source).await;
+        let spec = publish(
+            env.fixtures(),
+            &n,
+            source,
+            "v1",
+            &[("configmap.yaml", &support::configmap_yaml(who))],
+        );
+        let artifact = json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": source, "namespace": n, "ownerReferences": [
+                {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": source, "uid": uid, "controller": true}]},
+            "spec": spec,
+        });
+        let client = acting_as(&env, &n, who);
+        // RBAC bindings take a moment to apply: retry until written.
+        wait_for(&format!("{who} to write the Artifact"), TIMEOUT, || {
+            let client = client.clone();
+            let artifact = artifact.clone();
+            async move { support::apply(&client, &artifact).await.ok() }
+        })
+        .await;
+    }
+    let untrusted = wait_for("the intruder's Artifact to be refused", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "victim").await?;
+        let (status, reason, message) = ready_condition(&a)?;
+        (status == "False" && reason == "Untrusted").then_some(message)
+    })
+    .await;
+    assert!(
+        untrusted.contains(&format!("system:serviceaccount:{n}:intruder")),
+        "{untrusted}"
+    );
+    assert!(
+        untrusted.contains("may not update the status"),
+        "{untrusted}"
+    );
+    for kind in ["ExternalArtifact", "OCIRepository"] {
+        let name = format!("victim.testsource.{TEST_GROUP}");
+        assert!(
+            env.find("source.toolkit.fluxcd.io/v1", kind, &n, &name)
+                .await
+                .is_none(),
+            "{kind} {name} exported"
+        );
+    }
+    let (artifact, _) = wait_export(&env, &n, "own", |_| true).await;
+    let writer = artifact
+        .annotations()
+        .get("openflux.dev/written-by")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        writer.contains(&format!("system:serviceaccount:{n}:producer")),
+        "{writer}"
     );
     ns.delete().await;
 }

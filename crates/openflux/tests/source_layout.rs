@@ -35,6 +35,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("mirror::plan", Layer::Pure),
     ("export::plan", Layer::Pure),
     ("export::events", Layer::Pure),
+    ("export::verify", Layer::Shell),
+    ("export::write", Layer::Shell),
     ("runtime::router", Layer::Pure),
     ("webhook::consumers", Layer::Pure),
     ("webhook::decision", Layer::Pure),
@@ -72,6 +74,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime::consumers", Layer::Runtime),
     ("runtime::survey", Layer::Runtime),
     ("runtime::adopter", Layer::Runtime),
+    ("runtime::exports", Layer::Runtime),
 ];
 
 fn crate_dir() -> PathBuf {

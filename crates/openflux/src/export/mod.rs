@@ -14,16 +14,21 @@
 
 mod events;
 pub mod plan;
+pub mod verify;
+pub mod write;
 
-use std::collections::{BTreeMap, BTreeSet};
+use write::Export;
+pub use write::{ExportTarget, ExportTargets};
+
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::Patch;
-use kube::core::{ApiResource, DynamicObject};
+use kube::core::DynamicObject;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
@@ -35,22 +40,11 @@ pub use plan::{
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
-use crate::controller::{apply_params, hash_of, ready, reconcile_result, Context, Error};
+use crate::controller::{hash_of, ready, reconcile_result, Context, Error};
 use crate::index::IndexedArtifact;
 use crate::locks;
 use crate::target::Target;
-
-/// One kind Artifacts can be exported as, served by the cluster: the
-/// resource, and the objects of that kind openflux exported (labelled as
-/// managed by it), as watched.
-#[derive(Clone)]
-pub struct ExportTarget {
-    pub resource: ApiResource,
-    pub exports: Store<DynamicObject>,
-}
-
-/// The export targets the cluster serves, by target.
-pub type ExportTargets = BTreeMap<Target, ExportTarget>;
+use crate::trust::Verdict;
 
 /// The export controller's context, built once per run of the controller.
 struct Exporter {
@@ -129,6 +123,12 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             conditions: vec![ready(artifact, ok, reason, message)],
         };
 
+    if let Verdict::Untrusted(msg) = ctx.verifier.check(artifact).await? {
+        exporter
+            .set_status(artifact, status(false, reason::UNTRUSTED, &msg, None))
+            .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
     let (wanted, reasons) = {
         let facts = locks::read(&ctx.facts);
         (facts.targets_in_use(), describe_choices(&facts))
@@ -328,101 +328,5 @@ impl Exporter {
                 .await;
         }
         Ok(())
-    }
-}
-
-/// The exported object of one Artifact, and the writes that keep it.
-struct Export<'a> {
-    ctx: &'a Context,
-    target: &'a ExportTarget,
-    api: Api<DynamicObject>,
-    namespace: &'a str,
-    name: &'a str,
-}
-
-impl<'a> Export<'a> {
-    fn new(ctx: &'a Context, target: &'a ExportTarget, namespace: &'a str, name: &'a str) -> Self {
-        let api = Api::namespaced_with(ctx.client.clone(), namespace, &target.resource);
-        Self {
-            ctx,
-            target,
-            api,
-            namespace,
-            name,
-        }
-    }
-
-    /// The object as it is now: from the watch of exported objects, or, for
-    /// an object openflux did not create (not in that labelled cache), asked.
-    async fn current(&self) -> Result<Option<DynamicObject>, Error> {
-        let key =
-            ObjectRef::new_with(self.name, self.target.resource.clone()).within(self.namespace);
-        match self.target.exports.get(&key) {
-            Some(cached) => Ok(Some((*cached).clone())),
-            None => Ok(self.api.get_opt(self.name).await?),
-        }
-    }
-
-    /// Deletes the object (gone already is fine).
-    async fn delete(&self) -> Result<(), Error> {
-        match self.api.delete(self.name, &Default::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Applies the object's metadata and spec unless they are already so;
-    /// returns the object as it is after that.
-    async fn write_object(
-        &self,
-        plan: &ExportPlan,
-        current: Option<DynamicObject>,
-    ) -> Result<Option<DynamicObject>, Error> {
-        let key = format!("export/{}/{}", self.namespace, self.name);
-        let rv = current.as_ref().and_then(|c| c.resource_version());
-        let hash = hash_of(&plan.object)?;
-        let up_to_date = current
-            .as_ref()
-            .is_some_and(|c| object_up_to_date(c, &plan.object));
-        if up_to_date || self.ctx.memo.already_written(&key, rv.as_deref(), hash) {
-            return Ok(current);
-        }
-        let applied = self
-            .api
-            .patch(self.name, &apply_params(), &Patch::Apply(&plan.object))
-            .await?;
-        self.ctx.memo.record(key, rv, hash);
-        self.ctx.metrics.exported.inc();
-        Ok(Some(applied))
-    }
-
-    /// Applies the object's status unless it already is so; returns whether
-    /// it wrote.
-    async fn write_status(
-        &self,
-        plan: &ExportPlan,
-        latest: Option<&DynamicObject>,
-    ) -> Result<bool, Error> {
-        let generation = latest.and_then(|l| l.metadata.generation);
-        let desired = desired_status(latest, plan, generation);
-        let key = format!("export-status/{}/{}", self.namespace, self.name);
-        let rv = latest.and_then(|l| l.resource_version());
-        let hash = hash_of(&desired)?;
-        let up_to_date = latest.is_some_and(|l| status_up_to_date(l, &desired));
-        if up_to_date || self.ctx.memo.already_written(&key, rv.as_deref(), hash) {
-            return Ok(false);
-        }
-        let body = json!({
-            "apiVersion": self.target.resource.api_version,
-            "kind": self.target.resource.kind,
-            "status": desired,
-        });
-        self.api
-            .patch_status(self.name, &apply_params(), &Patch::Apply(&body))
-            .await?;
-        self.ctx.memo.record(key, rv, hash);
-        self.ctx.metrics.exported.inc();
-        Ok(true)
     }
 }

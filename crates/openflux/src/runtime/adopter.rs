@@ -17,9 +17,24 @@ use tokio_util::sync::CancellationToken;
 
 use super::router::Change;
 use super::watch::{without_managed_fields, Scope, Watch};
-use crate::adopt::{adopt, adopted_name, up_to_date, ADOPTED_FROM_LABEL, OPEN_FLUX_VERSION};
+use crate::adopt::{
+    adopt, adopted_name, up_to_date, ADOPTED_FROM_LABEL, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION,
+};
 use crate::controller::{apply_params, Context, Error};
+use crate::facts::Facts;
 use crate::telemetry::SyncGuard;
+
+/// The Open Flux Artifact API groups the cluster serves.
+pub fn served_groups(facts: &Facts) -> Vec<&'static str> {
+    OPEN_FLUX_GROUPS
+        .into_iter()
+        .filter(|g| {
+            facts
+                .groups_of("Artifact")
+                .is_some_and(|groups| groups.contains(*g))
+        })
+        .collect()
+}
 
 /// One Open Flux Artifact to look at: namespace and name.
 type Key = (String, String);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::Api;
+use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -23,10 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::adopter;
 use super::consumers::{Consumers, Look, Sinks};
+use super::exports::{self, target_resource};
 use super::router::{Event, Wake};
 use super::watch::{without_managed_fields, Hub, Scope, Watch};
-use crate::adopt::OPEN_FLUX_GROUPS;
-use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
+use crate::api::{Artifact, StockSource, STOCK_SOURCES};
 use crate::controller::Context;
 use crate::export::{self, ExportTarget, ExportTargets};
 use crate::locks;
@@ -54,6 +54,8 @@ struct Exporting {
     task: tokio::task::JoinHandle<()>,
 }
 
+type Channel<T> = (UnboundedSender<T>, UnboundedReceiver<T>);
+
 /// Everything the leader runs.
 pub struct Controllers {
     ctx: Arc<Context>,
@@ -70,11 +72,8 @@ pub struct Controllers {
     consumers: Consumers,
     /// Open Flux Artifact API groups being adopted.
     adopting: BTreeSet<&'static str>,
-    looks: (UnboundedSender<Look>, UnboundedReceiver<Look>),
-    freed: (
-        UnboundedSender<Vec<ObjectKey>>,
-        UnboundedReceiver<Vec<ObjectKey>>,
-    ),
+    looks: Channel<Look>,
+    freed: Channel<Vec<ObjectKey>>,
     tasks: JoinSet<()>,
 }
 
@@ -214,17 +213,7 @@ impl Controllers {
     /// Starts adopting the Artifacts of each Open Flux Artifact API the
     /// cluster serves (see [`crate::adopt`]).
     fn adopt_open_flux(&mut self) {
-        let served: Vec<&'static str> = {
-            let facts = locks::read(&self.ctx.facts);
-            OPEN_FLUX_GROUPS
-                .into_iter()
-                .filter(|g| {
-                    facts
-                        .groups_of("Artifact")
-                        .is_some_and(|groups| groups.contains(*g))
-                })
-                .collect()
-        };
+        let served = adopter::served_groups(&locks::read(&self.ctx.facts));
         for group in served {
             if !self.adopting.insert(group) {
                 continue;
@@ -262,23 +251,14 @@ impl Controllers {
 
     /// Takes source-controller's finalizer off a shadow being deleted.
     fn release(&mut self, kind: &str, namespace: &str, name: &str) {
-        let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) else {
-            return;
-        };
-        let api = Api::<DynamicObject>::namespaced_with(
-            self.ctx.client.clone(),
-            namespace,
-            &served.resource,
-        );
-        let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.tasks.spawn(async move {
-            let patch = serde_json::json!({ "metadata": { "finalizers": null } });
-            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => tracing::info!(%namespace, %name, "released a deleted shadow from its finalizer"),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => tracing::warn!(%namespace, %name, %error, "cannot release a deleted shadow from its finalizer"),
-            }
-        });
+        if let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) {
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.ctx.client.clone(),
+                namespace,
+                &served.resource,
+            );
+            self.tasks.spawn(exports::release(api, name.to_string()));
+        }
     }
 
     fn start_mirror(&mut self, stock: &'static StockSource, resource: ApiResource) {
@@ -417,14 +397,4 @@ impl Controllers {
             }
         }
     }
-}
-
-/// The resource of an export target.
-fn target_resource(target: Target) -> ApiResource {
-    let version = target
-        .api_version()
-        .rsplit_once('/')
-        .map_or("v1", |(_, v)| v);
-    let gvk = GroupVersionKind::gvk(FLUX_SOURCE_GROUP, version, target.kind());
-    ApiResource::from_gvk_with_plural(&gvk, target.plural())
 }

@@ -30,6 +30,13 @@ pub struct RunArgs {
     /// their ExternalArtifact feature gate is on.
     #[arg(long, default_value = "flux-system")]
     pub flux_namespace: String,
+    /// Export an Artifact of a custom source only when its writer (recorded
+    /// by the webhook) may update that source's status. `false` trusts every
+    /// Artifact: anyone who may write Artifacts in a namespace then chooses
+    /// what its consumers deploy; only for clusters without openflux's
+    /// webhook for Artifacts.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub verify_artifact_writers: bool,
 }
 
 fn parse_export_mode(value: &str) -> Result<ExportMode, String> {

@@ -13,6 +13,7 @@
 pub mod adopter;
 pub mod consumers;
 pub mod controllers;
+pub mod exports;
 pub mod flags;
 pub mod router;
 pub mod survey;
@@ -37,6 +38,7 @@ use self::router::Event;
 use self::watch::{without_managed_fields, Hub, Watch};
 use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
+use crate::export::verify::Verifier;
 use crate::facts::Facts;
 use crate::gate::{self, GateMetrics};
 use crate::index::OwnerIndex;
@@ -99,6 +101,7 @@ where
         events: event_recorder(&client, runtime)?,
         facts: shared.facts.clone(),
         references: Default::default(),
+        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
