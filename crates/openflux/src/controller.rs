@@ -117,6 +117,9 @@ pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Cond
     )
 }
 
+/// The most entries the write memo keeps.
+pub const MEMO_LIMIT: usize = 100_000;
+
 /// Remembers the last write made for each object, so that a reconcile that
 /// runs again before the watch delivered that write (a stale cache) does not
 /// send the same write twice: one change of a source costs one API write.
@@ -135,8 +138,22 @@ impl WriteMemo {
             .is_some_and(|(rv, h)| *h == hash && rv.as_deref() == resource_version)
     }
 
+    /// Records a write. The memo is bounded: past [`MEMO_LIMIT`] entries it
+    /// starts over (forgetting costs at most one repeated write per object).
     pub fn record(&self, key: String, resource_version_before: Option<String>, hash: u64) {
-        locks::lock(&self.written).insert(key, (resource_version_before, hash));
+        let mut written = locks::lock(&self.written);
+        if written.len() >= MEMO_LIMIT && !written.contains_key(&key) {
+            written.clear();
+        }
+        written.insert(key, (resource_version_before, hash));
+    }
+
+    pub fn len(&self) -> usize {
+        locks::lock(&self.written).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn forget(&self, key: &str) {
@@ -175,5 +192,15 @@ mod tests {
         );
         memo.forget("k");
         assert!(!memo.already_written("k", Some("1"), 7));
+    }
+
+    #[test]
+    fn the_memo_stays_bounded() {
+        let memo = WriteMemo::default();
+        for i in 0..(MEMO_LIMIT + 10) {
+            memo.record(format!("k{i}"), None, 1);
+            assert!(memo.len() <= MEMO_LIMIT);
+        }
+        assert!(memo.already_written(&format!("k{}", MEMO_LIMIT + 9), None, 1));
     }
 }

@@ -13,14 +13,13 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject};
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
-use support::openflux::{free_addr, publish, Openflux};
-use support::webhook::{local_webhook, Webhook};
+use support::openflux::{publish, Openflux};
+use support::webhook::Webhook;
 use support::{condition, field, ready_condition, Cell, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
@@ -90,6 +89,94 @@ async fn scenario(cell: Cell) {
         })
         .collect();
     assert!(failures.is_empty(), "{label}:\n  {}", failures.join("\n  "));
+    ns.delete().await;
+}
+
+/// Turning kustomize-controller's and helm-controller's ExternalArtifact
+/// gate off and on again moves the consumers openflux rewrote between the
+/// shadow and the ExternalArtifact, with no action on them and without a
+/// reconciliation failing for the gate; what they pointed at before goes
+/// once they have moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turning_the_gate_off_and_on_moves_the_consumers() {
+    let cell = Cell::CurrentExternalArtifact;
+    let env = support::cell(cell).await;
+    support::install_artifact_crd(&env).await;
+    support::install_test_source_crd(&env, TEST_GROUP).await;
+    support::wait_established(
+        &env,
+        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
+    )
+    .await;
+    let ns = env.namespace("gates").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = start(&env, &n).await;
+    let (ks, hr) = tokio::join!(kustomization(&env, &n, cell), helm_release(&env, &n, cell));
+    for outcome in [&ks, &hr] {
+        let chosen = outcome
+            .as_ref()
+            .expect("both consumers Ready with the gate on");
+        assert!(chosen.contains(" ExternalArtifact/"), "{chosen}");
+    }
+    for (gates, kind) in [
+        ("", "OCIRepository"),
+        ("ExternalArtifact=true", "ExternalArtifact"),
+    ] {
+        support::set_feature_gates(&env, gates).await;
+        for (api_version, consumer, pointer) in [
+            (KUSTOMIZE, "Kustomization", "/spec/sourceRef/kind"),
+            (HELM, "HelmRelease", "/spec/chartRef/kind"),
+        ] {
+            let what = format!("{consumer} {n}/web on {kind} with gates '{gates}', Ready");
+            poll(&what, || async {
+                let Some(o) = env.find(api_version, consumer, &n, "web").await else {
+                    return Progress::Waiting("not found".into());
+                };
+                let ready = ready_condition(&o);
+                if let Some((_, _, message)) = &ready {
+                    if message.contains("feature gate is disabled") {
+                        return Progress::Failed(format!("refused for the gate: {message}"));
+                    }
+                }
+                let now = field(&o, pointer)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let observed = field(&o, "/status/observedGeneration").and_then(Value::as_i64);
+                let done = now == kind
+                    && observed == o.metadata.generation
+                    && ready.as_ref().is_some_and(|r| r.0 == "True");
+                match done {
+                    true => Progress::Done(()),
+                    false => Progress::Waiting(format!("on {now}, ready {ready:?}")),
+                }
+            })
+            .await
+            .unwrap_or_else(|why| panic!("{what}: {why}"));
+        }
+        // What they pointed at before goes once nothing refers to it.
+        let old = if kind == "OCIRepository" {
+            "ExternalArtifact"
+        } else {
+            "OCIRepository"
+        };
+        poll(&format!("the {old} export to go"), || async {
+            let left = env
+                .find(
+                    "source.toolkit.fluxcd.io/v1",
+                    old,
+                    &n,
+                    "web.testsource.e2e.openflux.dev",
+                )
+                .await;
+            match left {
+                None => Progress::Done(()),
+                Some(_) => Progress::Waiting("still there".into()),
+            }
+        })
+        .await
+        .unwrap_or_else(|why| panic!("{why}"));
+    }
     ns.delete().await;
 }
 
@@ -352,32 +439,7 @@ async fn custom_source(env: &Env, ns: &str, name: &str, spec: &Value) -> Result<
     Ok(())
 }
 
-/// Starts openflux for namespace `ns` with its webhook on a free port, and
-/// waits until the CA bundle is in the webhook configuration.
+/// Starts openflux for namespace `ns` with its webhook.
 async fn start(env: &Env, ns: &str) -> (Openflux, Webhook) {
-    let addr = free_addr();
-    let webhook = local_webhook(env, "openflux-matrix", ns, addr).await;
-    let args = [
-        "--watch-all-namespaces=false".to_string(),
-        format!("--namespace={ns}"),
-        format!("--webhook-addr={addr}"),
-        format!("--webhook-configuration={}", webhook.name),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let of = Openflux::start(env, ns, &args).await;
-    let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
-    support::wait_for(
-        "the CA bundle in the webhook configuration",
-        TIMEOUT,
-        || async {
-            let config = api.get_opt(&webhook.name).await.ok().flatten()?;
-            config
-                .webhooks?
-                .iter()
-                .all(|w| w.client_config.ca_bundle.is_some())
-                .then_some(())
-        },
-    )
-    .await;
-    (of, webhook)
+    support::webhook::openflux_with_webhook(env, ns, &[]).await
 }

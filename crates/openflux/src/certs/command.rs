@@ -65,14 +65,22 @@ fn days(n: u64) -> Duration {
 }
 
 /// Writes a file through a temporary file and a rename, with `mode` on Unix.
+/// The temporary file is created exclusively (O_EXCL): whatever was left at
+/// its name (a file, or a symlink planted to redirect the private key) is
+/// removed first and never written through.
 fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<(), CertError> {
     let io = |source| CertError::Io {
         path: path.to_path_buf(),
         source,
     };
     let tmp = path.with_extension("tmp");
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
     let mut options = fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create_new(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -97,6 +105,19 @@ fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<(), CertError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_planted_symlink_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        fs::write(&elsewhere, b"untouched").unwrap();
+        let key = dir.path().join("tls.key");
+        std::os::unix::fs::symlink(&elsewhere, key.with_extension("tmp")).unwrap();
+        write_file(&key, b"secret", 0o600).unwrap();
+        assert_eq!(fs::read(&elsewhere).unwrap(), b"untouched");
+        assert_eq!(fs::read(&key).unwrap(), b"secret");
+    }
     use crate::certs::keeper::CertFiles;
 
     #[test]
