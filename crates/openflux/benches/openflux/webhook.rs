@@ -210,11 +210,11 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     let ca = keeper.ca_bundle().borrow().clone();
     let index = index();
     let indexed = index.len();
-    let state = AppState {
-        index: Arc::new(RwLock::new(index)),
-        metrics: WebhookMetrics::default(),
-        options: Arc::new(Options::default()),
-    };
+    let state = AppState::new(
+        Arc::new(RwLock::new(index)),
+        WebhookMetrics::default(),
+        Options::default(),
+    );
     let (stop, stopped) = watch::channel(false);
     let in_process = (router(state.clone()), baseline_router());
     let (of_addr, of_task) = start(&server, tls.clone(), router(state), stopped.clone())?;

@@ -14,6 +14,7 @@
 pub mod cabundle;
 pub mod consumers;
 pub mod decision;
+pub mod limits;
 pub mod metrics;
 pub mod review;
 pub mod rewrite;
@@ -146,11 +147,7 @@ pub async fn serve_on(
         (None, _) => {}
     }
 
-    let app = server::router(server::AppState {
-        index,
-        metrics,
-        options: Arc::new(args.options()),
-    });
+    let app = server::router(server::AppState::new(index, metrics, args.options()));
     tracing::info!(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         "serving the admission webhook"
