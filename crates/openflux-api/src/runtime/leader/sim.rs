@@ -330,7 +330,7 @@ fn simulate(sc: Scenario) -> Vec<(usize, Instant, Instant)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn never_two_leaders_at_once(sc in scenario()) {
