@@ -38,6 +38,10 @@ use super::flags::{FlagError, LeaderElectionArgs};
 use record::{decide, Decision, Observed, Seen};
 pub use store::{Clock, KubeLeases, LeaseStore, StoreError, TokioClock};
 
+/// Longest a release of the Lease waits for the API server: a shutdown
+/// never waits longer on a stalled one (the Lease then expires on its own).
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Leadership was lost while the work ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("leader election lost: {0}")]
@@ -345,7 +349,7 @@ impl<S: LeaseStore, C: Clock> Elector<S, C> {
         if !was_leading {
             return;
         }
-        let budget = self.args.attempt_timeout().min(Duration::from_secs(2));
+        let budget = self.args.attempt_timeout().min(RELEASE_TIMEOUT);
         tokio::select! {
             () = self.release_now() => {}
             () = self.clock.sleep(budget) => {
