@@ -20,7 +20,7 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// Bodies up to this size only count against [`MAX_IN_FLIGHT`].
 pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
 /// Bytes of larger bodies read at once: eight maximum-size reviews.
-pub const LARGE_BODY_BUDGET: u64 = 8 * super::server::MAX_BODY_BYTES as u64;
+pub const LARGE_BODY_BUDGET: u64 = 24 * 1024 * 1024;
 /// Log lines about client input per window.
 pub const LOG_LINES_PER_WINDOW: u32 = 20;
 pub const LOG_WINDOW: Duration = Duration::from_secs(10);

@@ -11,6 +11,7 @@
 //! `--webhook-configuration`, the CA bundle kept in that
 //! MutatingWebhookConfiguration.
 
+pub mod answer;
 pub mod cabundle;
 pub mod consumers;
 pub mod decision;

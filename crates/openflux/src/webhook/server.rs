@@ -15,19 +15,16 @@ use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use super::consumers;
+pub use super::answer::{answer, Answer};
 use super::decision::{Decision, Options};
 use super::limits::{Admission, LogBudget};
 use super::metrics::WebhookMetrics;
-use super::review::{self, ReviewError};
-use super::rewrite::decide;
 use crate::index::OwnerIndex;
 use crate::locks;
 
@@ -77,75 +74,6 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate))
         .with_state(state)
-}
-
-/// What the webhook answers a body with, and what to count and log.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: StatusCode,
-    /// The AdmissionReview answering the request, or for a body no
-    /// AdmissionReview can answer (status 400), the reason as text.
-    pub review: Result<Value, String>,
-    pub consumer: &'static str,
-    pub outcome: &'static str,
-    /// Whom the request was about: uid, namespace, name.
-    pub subject: [String; 3],
-    pub decision: Option<Decision>,
-}
-
-/// The decision path, from a body to its answer: pure, no I/O, never
-/// panics. The HTTPS handler calls it with the body it read.
-pub fn answer(body: &[u8], index: &OwnerIndex, options: &Options) -> Answer {
-    let request = match review::parse(body) {
-        Ok(request) => request,
-        Err(ReviewError::Unanswerable(message)) => {
-            return Answer {
-                status: StatusCode::BAD_REQUEST,
-                review: Err(message),
-                consumer: "unknown",
-                outcome: "error",
-                subject: Default::default(),
-                decision: None,
-            };
-        }
-        Err(ReviewError::Invalid { uid, message }) => {
-            return Answer {
-                status: StatusCode::OK,
-                review: Ok(review::refusal(&uid, 400, &message)),
-                consumer: "unknown",
-                outcome: "error",
-                subject: [uid, String::new(), String::new()],
-                decision: Some(Decision::bad_request(message)),
-            };
-        }
-    };
-    let consumer = consumers::find(&request.resource.group, &request.resource.resource)
-        .map_or("unknown", |c| c.label());
-    let name = request
-        .object
-        .as_ref()
-        .and_then(|o| o.pointer("/metadata/name"))
-        .and_then(|n| n.as_str())
-        .or(request.name.as_deref())
-        .unwrap_or("");
-    let subject = [
-        request.uid.clone(),
-        request.namespace.clone().unwrap_or_default(),
-        name.to_string(),
-    ];
-    let mut decision = decide(&request, index, options);
-    let review = review::response(&request.uid, &decision).unwrap_or_else(|error| {
-        decision = Decision::internal(error.to_string());
-        review::refusal(&request.uid, 500, &error.to_string())
-    });
-    Answer {
-        status: StatusCode::OK,
-        review: Ok(review),
-        consumer,
-        outcome: decision.outcome(),
-        subject,
-        decision: Some(decision),
-    }
 }
 
 /// Why a body could not be read.
@@ -492,6 +420,39 @@ mod tests {
     async fn refuses_bodies_over_the_limit() {
         let (status, _) = post(vec![b' '; MAX_BODY_BYTES + 1]).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_answers_429_with_retry_after_and_stalled_bodies_408() {
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        let mut state = AppState::new(
+            Arc::new(RwLock::new(index)),
+            WebhookMetrics::default(),
+            Options::default(),
+        );
+        state.admission = Admission::new(1, 1 << 20);
+        let app = router(state.clone());
+        let request = |body: Body| Request::post(MUTATE_PATH).body(body).unwrap();
+        // A body that never ends holds the only slot until the timeout.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let first = tokio::spawn(app.clone().oneshot(request(stalled)));
+        while state.admission.available() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let busy = app
+            .clone()
+            .oneshot(request(Body::from("{}")))
+            .await
+            .unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        let timed_out = first.await.unwrap().unwrap();
+        assert_eq!(timed_out.status(), StatusCode::REQUEST_TIMEOUT);
+        // Room again once it is gone.
+        let (status, _) = post("{").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]
