@@ -77,15 +77,14 @@ pub struct Watches {
     quiet_after: Duration,
 }
 
+/// The first and the last error of a watch's current streak of errors.
+type Streak = (tokio::time::Instant, tokio::time::Instant);
+
+/// Each registered watch: its id, its name and its streak of errors.
 #[derive(Default)]
 struct WatchTable {
     next: u64,
-    /// id, name, (first error of the streak, last error).
-    failing: Vec<(
-        u64,
-        String,
-        Option<(tokio::time::Instant, tokio::time::Instant)>,
-    )>,
+    failing: Vec<(u64, String, Option<Streak>)>,
 }
 
 impl Watches {

@@ -46,7 +46,7 @@ const ODD: &[&str] = &[
 fn odd_value(rng: &mut Rng, depth: u32) -> Value {
     match rng.below(if depth > 3 { 6 } else { 9 }) {
         0 => Value::Null,
-        1 => json!(rng.next() % 2 == 0),
+        1 => json!(rng.next().is_multiple_of(2)),
         2 => json!(rng.next() as i64),
         3 => json!(f64::from_bits(rng.next() & 0x7fef_ffff_ffff_ffff)),
         4 | 5 => json!(*rng.pick(ODD)),
@@ -197,9 +197,7 @@ pub fn body(rng: &mut Rng, max: usize) -> Vec<u8> {
         }
         7 => {
             let len = rng.below((max / 2) as u64) as usize;
-            let huge: String = std::iter::repeat(*rng.pick(&["a", "é", "\u{1F600}", "\\"]))
-                .take(len / 4)
-                .collect();
+            let huge = rng.pick(&["a", "é", "\u{1F600}", "\\"]).repeat(len / 4);
             let at = *rng.pick(&[
                 "/request/uid",
                 "/request/object/metadata/name",

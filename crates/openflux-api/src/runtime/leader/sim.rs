@@ -57,7 +57,7 @@ struct SimStore {
 impl SimStore {
     fn delays(&self) -> (Duration, Duration, bool) {
         let mut s = self.server.lock().unwrap();
-        let mut delay = |rng: &mut Rng| {
+        let delay = |rng: &mut Rng| {
             if rng.unit() < self.faults.stall_chance {
                 rng.upto(self.faults.stall)
             } else {
