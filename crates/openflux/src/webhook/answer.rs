@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::consumers;
 use super::decision::{Decision, Options};
-use super::review::{self, ReviewError};
+use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::decide;
 use crate::index::OwnerIndex;
 
@@ -29,7 +29,17 @@ pub struct Answer {
 /// The decision path, from a body to its answer: pure, no I/O, never
 /// panics. The HTTPS handler calls it with the body it read.
 pub fn answer(body: &[u8], index: &OwnerIndex, options: &Options) -> Answer {
-    let request = match review::parse(body) {
+    answer_parsed(review::parse(body), index, options)
+}
+
+/// [`answer`] for a body already parsed (the server parses before it takes
+/// the index's read lock, so a large body never holds the lock).
+pub fn answer_parsed(
+    parsed: Result<AdmissionRequest, ReviewError>,
+    index: &OwnerIndex,
+    options: &Options,
+) -> Answer {
+    let request = match parsed {
         Ok(request) => request,
         Err(ReviewError::Unanswerable(message)) => {
             return Answer {

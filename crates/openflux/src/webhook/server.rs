@@ -21,10 +21,11 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-pub use super::answer::{answer, Answer};
+pub use super::answer::{answer, answer_parsed, Answer};
 use super::decision::{Decision, Options};
 use super::limits::{Admission, LogBudget};
 use super::metrics::WebhookMetrics;
+use super::review;
 use crate::index::OwnerIndex;
 use crate::locks;
 
@@ -198,9 +199,11 @@ async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
         Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
         Err(e) => return Err(Refused::Unreadable(e.to_string())),
     };
+    let parsed = review::parse(&body);
+    drop(body);
     // Hold the read lock for the decision only; it never crosses an await.
     let index = locks::read(&state.index);
-    Ok(answer(&body, &index, &state.options))
+    Ok(answer_parsed(parsed, &index, &state.options))
 }
 
 /// Logs what happened to one request. Lines at info and above are about
