@@ -37,7 +37,8 @@ pub struct Outcome {
     pub update_rate: f64,
 }
 
-async fn start(env: &support::Env, ns: &str) -> Openflux {
+/// One replica with short Lease timings (4 s, 3 s, 1 s), in namespace `ns`.
+pub async fn start(env: &support::Env, ns: &str) -> Openflux {
     Openflux::start(
         env,
         ns,
@@ -54,7 +55,7 @@ async fn start(env: &support::Env, ns: &str) -> Openflux {
     .await
 }
 
-async fn leads(of: &Openflux) -> bool {
+pub async fn leads(of: &Openflux) -> bool {
     of.metric("openflux_leader ").await == Some(1.0)
 }
 
