@@ -29,7 +29,7 @@ test: lint cluster-up
 # leader killed during Artifact updates on the local control plane. Prints a
 # table; the figures also go to target/chaos.json.
 chaos: cluster-up
-	$(CARGO) bench -p openflux --bench chaos -- --json target/chaos.json
+	$(CARGO) bench -p openflux --bench chaos -- --json $(CURDIR)/target/chaos.json
 
 lint:
 	$(CARGO) fmt --all --check

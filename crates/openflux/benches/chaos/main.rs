@@ -160,6 +160,9 @@ fn run(args: Vec<String>) -> anyhow::Result<bool> {
     println!("(machine: {cores} cores)");
     if let Some(path) = json {
         let doc = serde_json::json!({"cores": cores, "quick": options.quick, "rows": rows});
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
         std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("chaos: wrote {}", path.display());

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 pub use super::answer::{answer, answer_parsed, Answer};
 use super::decision::{Decision, Options};
-use super::limits::{Admission, LogBudget};
+use super::limits::{Admission, LogBudget, SMALL_BODY_BYTES};
 use super::metrics::WebhookMetrics;
 use super::review;
 use crate::index::OwnerIndex;
@@ -199,8 +199,15 @@ async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
         Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
         Err(e) => return Err(Refused::Unreadable(e.to_string())),
     };
-    let parsed = review::parse(&body);
-    drop(body);
+    // A large body is parsed off the runtime's workers, so the small
+    // requests beside it keep being answered while it is.
+    let parsed = if body.len() as u64 > SMALL_BODY_BYTES {
+        tokio::task::spawn_blocking(move || review::parse(&body))
+            .await
+            .map_err(|e| Refused::Unreadable(format!("parsing the request body: {e}")))?
+    } else {
+        review::parse(&body)
+    };
     // Hold the read lock for the decision only; it never crosses an await.
     let index = locks::read(&state.index);
     Ok(answer_parsed(parsed, &index, &state.options))
