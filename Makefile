@@ -7,7 +7,7 @@ CLUSTER := e2e/cluster
 # End-to-end test binaries share one control plane: keep concurrency modest.
 TEST_THREADS ?= 2
 
-.PHONY: demo demo-down test lint cluster-up cluster-down cluster-status
+.PHONY: demo demo-down test lint chaos cluster-up cluster-down cluster-status
 
 # The demo: a custom source flowing into an unchanged Kustomization, with
 # openflux and the HttpSource controller, on a control plane of its own
@@ -27,6 +27,14 @@ demo-down:
 test: lint cluster-up
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
 	  rc=$$?; $(CLUSTER) cells down; exit $$rc
+
+# The chaos suite (docs/reliability.md): a million generated AdmissionReviews
+# through the decision path and a sample over HTTPS, certificate rotation
+# under load, the webhook's peak memory under maximum-size reviews, and the
+# leader killed during Artifact updates on the local control plane. Prints a
+# table; the figures also go to target/chaos.json.
+chaos: cluster-up
+	$(CARGO) bench -p openflux --bench chaos -- --json $(CURDIR)/target/chaos.json
 
 lint:
 	$(CARGO) fmt --all --check

@@ -111,6 +111,14 @@ impl Openflux {
         stop_child(self.child.take()?)
     }
 
+    /// Kills the process with SIGKILL, as a crashed node would: no
+    /// shutdown, no Lease release.
+    pub fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = child.kill();
+        child.wait().ok()
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }

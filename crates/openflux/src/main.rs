@@ -95,16 +95,41 @@ async fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    /// The arguments of the openflux container of the shipped Deployment.
-    fn deployment_args() -> Vec<String> {
+    fn deployment() -> serde_json::Value {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../manifests/deployment.yaml"
         );
         let text = std::fs::read_to_string(path).unwrap();
-        let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
-        let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+        serde_yaml_ng::from_str(&text).unwrap()
+    }
+
+    /// The arguments of the openflux container of the shipped Deployment.
+    fn deployment_args() -> Vec<String> {
+        let args = &deployment()["spec"]["template"]["spec"]["containers"][0]["args"];
         serde_json::from_value(args.clone()).unwrap()
+    }
+
+    /// The Deployment's shutdown timings cover openflux's own bounds: the
+    /// preStop sleep, then the webhook's drain and the controllers' stop
+    /// and the Lease release, which run side by side.
+    #[test]
+    fn the_grace_period_covers_the_shutdown_bounds() {
+        let pod = &deployment()["spec"]["template"]["spec"];
+        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+        let pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+            .as_u64()
+            .unwrap();
+        let runtime = openflux::runtime::CONTROLLERS_STOP_GRACE
+            + openflux_api::runtime::leader::RELEASE_TIMEOUT
+            + openflux::runtime::SERVER_STOP_GRACE;
+        let shutdown = runtime.max(openflux::webhook::server::SHUTDOWN_GRACE);
+        assert!(
+            shutdown < std::time::Duration::from_secs(10),
+            "{shutdown:?}"
+        );
+        assert!(pre_stop >= 1);
+        assert!(grace >= pre_stop + 10, "{grace} s < {pre_stop} s + 10 s");
     }
 
     #[test]

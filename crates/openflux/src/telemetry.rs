@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -11,6 +12,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use openflux_api::runtime::Metrics as FluxMetrics;
+use openflux_api::runtime::{WatchTicker, Watches};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -63,34 +65,69 @@ impl Metrics {
     }
 }
 
-/// Readiness: true once every watch this replica depends on has synced.
-#[derive(Default)]
+/// How long a watch may keep failing before the replica stops being ready.
+pub const WATCH_STALE_AFTER: Duration = Duration::from_secs(60);
+/// A failing watch that has not reported an error for this long (longer
+/// than the watcher's longest backoff, 30 s) reconnected quietly.
+pub const WATCH_QUIET_AFTER: Duration = Duration::from_secs(45);
+
+/// Readiness: true once every watch this replica depends on has synced, and
+/// while none has been failing for longer than [`WATCH_STALE_AFTER`].
 pub struct Readiness {
     /// Watches started and not yet synced.
     pending: AtomicUsize,
     /// Set once the first watch registered, so an empty process is not ready.
     started: AtomicBool,
+    watches: Watches,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness::new(WATCH_STALE_AFTER, WATCH_QUIET_AFTER)
+    }
 }
 
 impl Readiness {
+    pub fn new(stale_after: Duration, quiet_after: Duration) -> Self {
+        Readiness {
+            pending: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
+            watches: Watches::new(stale_after, quiet_after),
+        }
+    }
+
     /// Registers one watch that must sync before the process is ready; the
-    /// returned guard marks it synced.
+    /// returned guard marks it synced, and its failures and recoveries.
     pub fn watch_started(self: &Arc<Self>) -> SyncGuard {
         self.pending.fetch_add(1, Ordering::SeqCst);
         self.started.store(true, Ordering::SeqCst);
         SyncGuard {
             readiness: Some(self.clone()),
+            ticker: self.watches.register("watch"),
         }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.started.load(Ordering::SeqCst) && self.pending.load(Ordering::SeqCst) == 0
+        self.why_not_ready().is_none()
+    }
+
+    /// What keeps the replica from being ready, if anything.
+    pub fn why_not_ready(&self) -> Option<String> {
+        if !self.started.load(Ordering::SeqCst) || self.pending.load(Ordering::SeqCst) != 0 {
+            return Some("watches not synced yet".into());
+        }
+        self.watches
+            .broken()
+            .map(|(_, for_)| format!("a watch has been failing for {}s", for_.as_secs()))
     }
 }
 
-/// Marks one watch as synced when [`SyncGuard::synced`] is called.
+/// Marks one watch as synced when [`SyncGuard::synced`] is called; a guard
+/// dropped unsynced (its watch stopped, e.g. the leader's controllers on a
+/// lost Lease) no longer holds readiness back.
 pub struct SyncGuard {
     readiness: Option<Arc<Readiness>>,
+    ticker: WatchTicker,
 }
 
 impl SyncGuard {
@@ -98,6 +135,22 @@ impl SyncGuard {
         if let Some(r) = self.readiness.take() {
             r.pending.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// The watch delivered an event.
+    pub fn ok(&self) {
+        self.ticker.ok();
+    }
+
+    /// The watch's stream failed; it retries on its own.
+    pub fn failed(&self) {
+        self.ticker.failed();
+    }
+}
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        self.synced();
     }
 }
 
@@ -131,11 +184,10 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<HttpState>) -> (StatusCode, &'static str) {
-    if s.readiness.is_ready() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet\n")
+async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    match s.readiness.why_not_ready() {
+        None => (StatusCode::OK, "ok\n".into()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
@@ -188,6 +240,28 @@ mod tests {
         assert!(!r.is_ready());
         b.synced();
         b.synced();
+        assert!(r.is_ready());
+        // A watch that stops before it synced holds nothing back.
+        let c = r.watch_started();
+        assert!(!r.is_ready());
+        drop(c);
+        assert!(r.is_ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_failing_too_long_makes_the_replica_unready() {
+        let r = Arc::new(Readiness::default());
+        let mut w = r.watch_started();
+        w.synced();
+        w.failed();
+        assert!(r.is_ready());
+        tokio::time::advance(WATCH_QUIET_AFTER - Duration::from_secs(1)).await;
+        w.failed();
+        tokio::time::advance(WATCH_STALE_AFTER - WATCH_QUIET_AFTER + Duration::from_secs(2)).await;
+        w.failed();
+        let why = r.why_not_ready().expect("not ready");
+        assert!(why.contains("failing for 61s"), "{why}");
+        w.ok();
         assert!(r.is_ready());
     }
 }

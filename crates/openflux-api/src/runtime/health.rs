@@ -2,10 +2,13 @@
 //!
 //! `/healthz` answers while the process runs; `/readyz` once the controller
 //! said it is ready (for a controller: its watch has synced), as the probes
-//! of Flux's Deployments expect.
+//! of Flux's Deployments expect. [`Watches`] tells whether a watch has been
+//! failing for too long, so `/readyz` can turn false on a replica whose
+//! view of the cluster went stale.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -57,6 +60,117 @@ async fn readyz(State(health): State<Health>) -> impl IntoResponse {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+/// The state of the watches a process depends on. A watch loop holds a
+/// [`WatchTicker`] and ticks it: [`WatchTicker::failed`] on each error of
+/// its stream, [`WatchTicker::ok`] on each event. A watch is broken when
+/// its errors began more than `stale_after` ago and kept coming (the last
+/// one within `quiet_after`, longer than the watch's longest backoff: a
+/// watch that reconnected quietly, without an event, stops counting as
+/// broken then). A ticker dropped (its watch stopped) counts no more.
+#[derive(Clone)]
+pub struct Watches {
+    inner: Arc<Mutex<WatchTable>>,
+    stale_after: Duration,
+    quiet_after: Duration,
+}
+
+/// The first and the last error of a watch's current streak of errors.
+type Streak = (tokio::time::Instant, tokio::time::Instant);
+
+/// Each registered watch: its id, its name and its streak of errors.
+#[derive(Default)]
+struct WatchTable {
+    next: u64,
+    failing: Vec<(u64, String, Option<Streak>)>,
+}
+
+impl Watches {
+    pub fn new(stale_after: Duration, quiet_after: Duration) -> Self {
+        Watches {
+            inner: Arc::default(),
+            stale_after,
+            quiet_after,
+        }
+    }
+
+    /// A ticker for one more watch, named for messages.
+    pub fn register(&self, name: &str) -> WatchTicker {
+        let mut table = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        table.next += 1;
+        let id = table.next;
+        table.failing.push((id, name.to_string(), None));
+        WatchTicker {
+            id,
+            watches: Some(self.clone()),
+        }
+    }
+
+    /// The first watch broken for longer than the bound, and for how long.
+    pub fn broken(&self) -> Option<(String, Duration)> {
+        let now = tokio::time::Instant::now();
+        let table = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        table.failing.iter().find_map(|(_, name, streak)| {
+            let (first, last) = (*streak)?;
+            let broken_for = now.duration_since(first);
+            (broken_for > self.stale_after && now.duration_since(last) <= self.quiet_after)
+                .then(|| (name.clone(), broken_for))
+        })
+    }
+
+    fn tick(&self, id: u64, failed: bool) {
+        let now = tokio::time::Instant::now();
+        let mut table = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = table.failing.iter_mut().find(|e| e.0 == id) {
+            entry.2 = match (failed, entry.2) {
+                (false, _) => None,
+                (true, Some((first, last))) if now.duration_since(last) <= self.quiet_after => {
+                    Some((first, now))
+                }
+                (true, _) => Some((now, now)),
+            };
+        }
+    }
+}
+
+/// One watch's handle on [`Watches`].
+pub struct WatchTicker {
+    id: u64,
+    watches: Option<Watches>,
+}
+
+impl WatchTicker {
+    /// The watch's stream delivered an event: it works.
+    pub fn ok(&self) {
+        if let Some(w) = &self.watches {
+            w.tick(self.id, false);
+        }
+    }
+
+    /// The watch's stream failed (it retries on its own).
+    pub fn failed(&self) {
+        if let Some(w) = &self.watches {
+            w.tick(self.id, true);
+        }
+    }
+
+    /// A ticker that counts nowhere.
+    pub fn detached() -> Self {
+        WatchTicker {
+            id: 0,
+            watches: None,
+        }
+    }
+}
+
+impl Drop for WatchTicker {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watches {
+            let mut table = w.inner.lock().unwrap_or_else(|e| e.into_inner());
+            table.failing.retain(|e| e.0 != self.id);
+        }
     }
 }
 
@@ -120,6 +234,45 @@ mod tests {
         health.set_ready();
         waiter.await.unwrap();
         assert!(get_status(addr, "/readyz").await.contains("200"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_is_broken_after_failing_past_the_bound() {
+        let watches = Watches::new(Duration::from_secs(60), Duration::from_secs(45));
+        let a = watches.register("Artifacts");
+        let b = watches.register("sources");
+        a.failed();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        a.failed();
+        assert_eq!(watches.broken(), None, "not for long enough yet");
+        tokio::time::advance(Duration::from_secs(31)).await;
+        a.failed();
+        let (name, for_) = watches.broken().expect("broken");
+        assert_eq!(
+            (name.as_str(), for_),
+            ("Artifacts", Duration::from_secs(61))
+        );
+        // An event heals it.
+        a.ok();
+        assert_eq!(watches.broken(), None);
+        // A watch that reconnected without an event stops counting once
+        // its errors stop.
+        b.failed();
+        tokio::time::advance(Duration::from_secs(40)).await;
+        b.failed();
+        tokio::time::advance(Duration::from_secs(21)).await;
+        assert!(watches.broken().is_some());
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(watches.broken(), None, "quiet for longer than any backoff");
+        // A stopped watch counts no more.
+        b.failed();
+        tokio::time::advance(Duration::from_secs(40)).await;
+        b.failed();
+        tokio::time::advance(Duration::from_secs(21)).await;
+        assert!(watches.broken().is_some());
+        drop(b);
+        assert_eq!(watches.broken(), None);
+        WatchTicker::detached().failed();
     }
 
     #[tokio::test]

@@ -3,93 +3,119 @@
 //! lease duration 35s, renew deadline 30s, retry period 5s, release on
 //! cancel).
 //!
-//! Expiry is judged on this process's own clock, as client-go does: a Lease
-//! held by another replica is taken only when its record (holder and renew
-//! time) has not changed for a whole lease duration since this replica
-//! first saw it, so clock skew between replicas does not matter. Every write
-//! is a create or a replace at the resourceVersion just read, so two
-//! candidates never both win. The Lease is named like Flux's
-//! (`<controller>-leader-election`) and lives in the runtime namespace.
+//! The rules that keep two candidates from leading at once, whatever the
+//! API server's latency and the replicas' clocks:
+//!
+//! - every write is a create or a replace at the resourceVersion just read,
+//!   so of two candidates racing for the Lease one wins;
+//! - expiry is judged on the local monotonic clock only ([`record::decide`]):
+//!   another holder's Lease is taken only when it has not changed (holder and
+//!   resourceVersion) for a whole lease duration since this replica first saw
+//!   it, so the renew times written by other replicas' clocks never matter;
+//! - a leader believes it leads until the renew deadline counted from the
+//!   *start* of its last successful attempt (not from when the answer came
+//!   back), and every attempt is cut off at [`attempt_timeout`] and at that
+//!   deadline, so a stalled call never stretches the belief;
+//! - [`LeaderElectionArgs::validate`] requires renew deadline < lease
+//!   duration: the difference is the margin against clock rate drift.
+//!
+//! The Lease is named like Flux's (`<controller>-leader-election`) and lives
+//! in the runtime namespace.
+
+pub mod record;
+mod store;
 
 use std::future::Future;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use kube::Client;
 
-use super::flags::LeaderElectionArgs;
+use super::flags::{FlagError, LeaderElectionArgs};
+use record::{decide, Decision, Observed, Seen};
+pub use store::{Clock, KubeLeases, LeaseStore, StoreError, TokioClock};
+
+/// Longest a release of the Lease waits for the API server: a shutdown
+/// never waits longer on a stalled one (the Lease then expires on its own).
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Leadership was lost while the work ran.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("leader election lost: {0}")]
 pub struct Lost(pub String);
 
-/// What to do with the Lease, given what it says now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// There is none: create it, held by us.
-    Create,
-    /// Nobody holds it, or its holder stopped renewing: take it over.
-    Take,
-    /// We hold it: renew it.
-    Renew,
-    /// Someone else holds it and renews it.
-    Wait { holder: String },
+impl LeaderElectionArgs {
+    /// Checks the timings make sense together: retry period < renew
+    /// deadline < lease duration, none zero.
+    pub fn validate(&self) -> Result<(), FlagError> {
+        let (lease, renew, retry) = (
+            self.leader_election_lease_duration,
+            self.leader_election_renew_deadline,
+            self.leader_election_retry_period,
+        );
+        if retry.is_zero() {
+            return Err(FlagError(
+                "--leader-election-retry-period must be longer than 0s".into(),
+            ));
+        }
+        if renew >= lease {
+            return Err(FlagError(format!(
+                "--leader-election-renew-deadline ({renew:?}) must be shorter than \
+                 --leader-election-lease-duration ({lease:?}): a leader must give up before \
+                 another replica may take the Lease"
+            )));
+        }
+        if retry >= renew {
+            return Err(FlagError(format!(
+                "--leader-election-retry-period ({retry:?}) must be shorter than \
+                 --leader-election-renew-deadline ({renew:?}): a leader must be able to retry \
+                 a failed renewal before its deadline"
+            )));
+        }
+        Ok(())
+    }
+
+    /// How long one attempt (read and write of the Lease) may take: half
+    /// the renew deadline, so a stalled call leaves time for another try.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.leader_election_renew_deadline / 2
+    }
 }
 
-/// The record of a Lease as last seen, and when it was first seen so.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observed {
-    holder: String,
-    renew_time: Option<Timestamp>,
-    since: Instant,
+/// Shorthand for [`LeaderElectionArgs::attempt_timeout`].
+pub fn attempt_timeout(args: &LeaderElectionArgs) -> Duration {
+    args.attempt_timeout()
 }
 
-/// Decides from the Lease's spec (`None`: no Lease), what was observed
-/// before, and the local time. Returns the new observation too.
-pub fn decide(
-    spec: Option<&LeaseSpec>,
-    me: &str,
-    before: Option<&Observed>,
-    now: Instant,
-    lease_duration: Duration,
-) -> (Decision, Option<Observed>) {
-    let Some(spec) = spec else {
-        return (Decision::Create, None);
-    };
-    let holder = spec.holder_identity.clone().unwrap_or_default();
-    let renew_time = spec.renew_time.as_ref().map(|t| t.0);
-    let observed = match before {
-        Some(b) if b.holder == holder && b.renew_time == renew_time => b.clone(),
-        _ => Observed {
-            holder: holder.clone(),
-            renew_time,
-            since: now,
-        },
-    };
-    let decision = if holder.is_empty() {
-        Decision::Take
-    } else if holder == me {
-        Decision::Renew
-    } else if now.duration_since(observed.since) >= lease_duration {
-        Decision::Take
-    } else {
-        Decision::Wait { holder }
-    };
-    (decision, Some(observed))
+/// Why one attempt failed.
+#[derive(Debug)]
+enum AttemptError {
+    Store(StoreError),
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttemptError::Store(e) => write!(f, "{e}"),
+            AttemptError::TimedOut(t) => write!(f, "no answer from the API server within {t:?}"),
+        }
+    }
 }
 
 /// One candidate for leadership.
-pub struct Elector {
-    api: Api<Lease>,
+pub struct Elector<S = KubeLeases, C = TokioClock> {
+    store: S,
+    clock: C,
     name: String,
     identity: String,
     args: LeaderElectionArgs,
     observed: Mutex<Option<Observed>>,
+    /// Local start time of the last successful attempt while leading.
+    led_since: Mutex<Option<Duration>>,
 }
 
 impl Elector {
@@ -100,12 +126,29 @@ impl Elector {
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into());
+        let identity = format!("{host}_{}", super::random_id());
+        let store = KubeLeases::new(client, namespace, name);
+        Elector::with(store, TokioClock::default(), name, identity, args)
+    }
+}
+
+impl<S: LeaseStore, C: Clock> Elector<S, C> {
+    /// A candidate on any Lease store and clock (tests simulate both).
+    pub fn with(
+        store: S,
+        clock: C,
+        name: &str,
+        identity: String,
+        args: &LeaderElectionArgs,
+    ) -> Self {
         Elector {
-            api: Api::namespaced(client, namespace),
+            store,
+            clock,
             name: name.to_string(),
-            identity: format!("{host}_{}", super::random_id()),
+            identity,
             args: *args,
             observed: Mutex::new(None),
+            led_since: Mutex::new(None),
         }
     }
 
@@ -113,11 +156,26 @@ impl Elector {
         &self.identity
     }
 
+    /// Whether this candidate believes it leads now: it acquired or renewed
+    /// the Lease in an attempt that started less than the renew deadline ago.
+    pub fn is_leading(&self) -> bool {
+        self.deadline().is_some_and(|d| self.clock.now() < d)
+    }
+
+    fn deadline(&self) -> Option<Duration> {
+        let since = *self.led_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.map(|s| s + self.args.leader_election_renew_deadline)
+    }
+
+    fn set_led_since(&self, since: Option<Duration>) {
+        *self.led_since.lock().unwrap_or_else(|e| e.into_inner()) = since;
+    }
+
     /// Runs `work` while this candidate leads: waits for the Lease, then
     /// renews it while `work` runs. When `work` ends the Lease is released
     /// (with `--leader-election-release-on-cancel`, the default); when the
     /// Lease cannot be renewed within the renew deadline, `work` is dropped
-    /// and [`Lost`] returned (the process should exit, as Flux's do).
+    /// and [`Lost`] returned.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Lost> {
         self.acquire().await;
         let result = tokio::select! {
@@ -133,63 +191,112 @@ impl Elector {
     /// Waits until this candidate holds the Lease.
     pub async fn acquire(&self) {
         let mut waiting_for = String::new();
+        let mut failing = false;
         loop {
-            match self.attempt().await {
+            let start = self.clock.now();
+            match self.timed_attempt(self.args.attempt_timeout()).await {
                 Ok(None) => {
+                    self.set_led_since(Some(start));
                     tracing::info!(lease = %self.name, identity = %self.identity, "successfully acquired lease");
                     return;
                 }
-                Ok(Some(holder)) if holder != waiting_for => {
-                    tracing::info!(lease = %self.name, %holder, "waiting for the lease");
-                    waiting_for = holder;
+                Ok(Some(holder)) => {
+                    failing = false;
+                    if holder != waiting_for {
+                        tracing::info!(lease = %self.name, %holder, "waiting for the lease");
+                        waiting_for = holder;
+                    }
                 }
-                Ok(Some(_)) => {}
+                Err(e) if failing => {
+                    tracing::debug!(lease = %self.name, error = %e, "error acquiring the lease")
+                }
                 Err(e) => {
-                    tracing::warn!(lease = %self.name, error = %e, "error acquiring the lease")
+                    tracing::warn!(lease = %self.name, error = %e, "error acquiring the lease");
+                    failing = true;
                 }
             }
-            tokio::time::sleep(self.args.leader_election_retry_period).await;
+            self.clock
+                .sleep(self.args.leader_election_retry_period)
+                .await;
         }
     }
 
-    /// Renews the Lease every retry period; returns when it could not be
-    /// renewed for the renew deadline, or another candidate holds it.
+    /// Renews the Lease every retry period while leading; returns when the
+    /// renew deadline passed since the start of the last successful attempt,
+    /// or another candidate holds the Lease. Returns at once when this
+    /// candidate does not lead.
     pub async fn keep(&self) -> Lost {
-        let mut renewed = Instant::now();
+        let deadline_passed = || {
+            Lost(format!(
+                "the lease was not renewed within the renew deadline ({:?})",
+                self.args.leader_election_renew_deadline
+            ))
+        };
+        let mut failing = false;
         loop {
-            tokio::time::sleep(self.args.leader_election_retry_period).await;
-            match self.attempt().await {
-                Ok(None) => renewed = Instant::now(),
-                Ok(Some(holder)) => return Lost(format!("the lease is held by {holder}")),
+            let Some(deadline) = self.deadline() else {
+                return Lost("this replica does not hold the lease".into());
+            };
+            let now = self.clock.now();
+            if now >= deadline {
+                self.set_led_since(None);
+                return deadline_passed();
+            }
+            let wait = self.args.leader_election_retry_period.min(deadline - now);
+            self.clock.sleep(wait).await;
+            let start = self.clock.now();
+            if start >= deadline {
+                self.set_led_since(None);
+                return deadline_passed();
+            }
+            let budget = self.args.attempt_timeout().min(deadline - start);
+            match self.timed_attempt(budget).await {
+                Ok(None) => {
+                    if failing {
+                        tracing::info!(lease = %self.name, "renewed the lease again");
+                    }
+                    failing = false;
+                    self.set_led_since(Some(start));
+                }
+                Ok(Some(holder)) => {
+                    self.set_led_since(None);
+                    return Lost(format!("the lease is held by {holder}"));
+                }
                 Err(e) => {
                     tracing::warn!(lease = %self.name, error = %e, "error renewing the lease");
-                    if renewed.elapsed() >= self.args.leader_election_renew_deadline {
-                        return Lost(format!(
-                            "the lease was not renewed for {:?}",
-                            self.args.leader_election_renew_deadline
-                        ));
-                    }
+                    failing = true;
                 }
             }
+        }
+    }
+
+    async fn timed_attempt(&self, budget: Duration) -> Result<Option<String>, AttemptError> {
+        tokio::select! {
+            result = self.attempt() => result.map_err(AttemptError::Store),
+            () = self.clock.sleep(budget) => Err(AttemptError::TimedOut(budget)),
         }
     }
 
     /// One try: `None` when we hold the Lease afterwards, else its holder.
-    async fn attempt(&self) -> Result<Option<String>, kube::Error> {
-        let current = self.api.get_opt(&self.name).await?;
+    async fn attempt(&self) -> Result<Option<String>, StoreError> {
+        let current = self.store.get().await?;
         let (decision, observed) = {
             let mut memory = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+            let seen = current.as_ref().map(|l| Seen {
+                spec: l.spec.as_ref(),
+                version: l.metadata.resource_version.as_deref().unwrap_or(""),
+            });
             let (decision, observed) = decide(
-                current.as_ref().and_then(|l| l.spec.as_ref()),
+                seen,
                 &self.identity,
                 memory.as_ref(),
-                Instant::now(),
+                self.clock.now(),
                 self.args.leader_election_lease_duration,
             );
             *memory = observed.clone();
             (decision, observed)
         };
-        let now = MicroTime(Timestamp::now());
+        let now = MicroTime(self.clock.wall());
         let seconds = i32::try_from(self.args.leader_election_lease_duration.as_secs())
             .unwrap_or(i32::MAX)
             .max(1);
@@ -210,7 +317,7 @@ impl Elector {
                         ..LeaseSpec::default()
                     }),
                 };
-                self.api.create(&PostParams::default(), &lease).await
+                self.store.create(lease).await
             }
             (decision, Some(mut lease)) => {
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -221,25 +328,38 @@ impl Elector {
                 spec.holder_identity = Some(self.identity.clone());
                 spec.lease_duration_seconds = Some(seconds);
                 spec.renew_time = Some(now);
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
+                self.store.replace(lease).await
             }
             (_, None) => return Ok(Some(String::new())),
         };
         match written {
-            Ok(_) => Ok(None),
+            Ok(()) => Ok(None),
             // Another candidate wrote first: it holds the Lease now.
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                Ok(Some(observed.map(|o| o.holder).unwrap_or_default()))
-            }
+            Err(StoreError::Conflict) => Ok(Some(observed.map(|o| o.holder).unwrap_or_default())),
             Err(e) => Err(e),
         }
     }
 
-    /// Gives the Lease up so another candidate takes over at once.
+    /// Gives the Lease up so another candidate takes over at once. Bounded
+    /// by the attempt timeout: a shutdown never waits on a stalled API
+    /// server for longer.
     pub async fn release(&self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+        let was_leading = self.is_leading();
+        self.set_led_since(None);
+        if !was_leading {
+            return;
+        }
+        let budget = self.args.attempt_timeout().min(RELEASE_TIMEOUT);
+        tokio::select! {
+            () = self.release_now() => {}
+            () = self.clock.sleep(budget) => {
+                tracing::warn!(lease = %self.name, "no answer while releasing the lease; it expires on its own");
+            }
+        }
+    }
+
+    async fn release_now(&self) {
+        let Ok(Some(mut lease)) = self.store.get().await else {
             return;
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -248,13 +368,9 @@ impl Elector {
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => tracing::info!(lease = %self.name, "released the lease"),
+        spec.renew_time = Some(MicroTime(self.clock.wall()));
+        match self.store.replace(lease).await {
+            Ok(()) => tracing::info!(lease = %self.name, "released the lease"),
             Err(e) => tracing::warn!(lease = %self.name, error = %e, "error releasing the lease"),
         }
     }
@@ -266,68 +382,34 @@ pub fn lease_name(controller: &str) -> String {
 }
 
 #[cfg(test)]
+mod sim;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
-    const DURATION: Duration = Duration::from_secs(35);
-
-    fn held_by(holder: &str, renewed: i64) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: Some(holder.into()),
-            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
-            ..LeaseSpec::default()
+    fn args(lease: u64, renew: u64, retry: u64) -> LeaderElectionArgs {
+        LeaderElectionArgs {
+            enable_leader_election: true,
+            leader_election_release_on_cancel: true,
+            leader_election_lease_duration: Duration::from_secs(lease),
+            leader_election_renew_deadline: Duration::from_secs(renew),
+            leader_election_retry_period: Duration::from_secs(retry),
         }
     }
 
     #[test]
-    fn creates_a_missing_lease_and_renews_its_own() {
-        let now = Instant::now();
-        assert_eq!(decide(None, "me", None, now, DURATION).0, Decision::Create);
-        let mine = held_by("me", 100);
-        assert_eq!(
-            decide(Some(&mine), "me", None, now, DURATION).0,
-            Decision::Renew
+    fn timings_must_nest() {
+        assert!(args(35, 30, 5).validate().is_ok());
+        assert_eq!(args(35, 30, 5).attempt_timeout(), Duration::from_secs(15));
+        let e = args(30, 30, 5).validate().unwrap_err();
+        assert!(
+            e.0.contains("renew-deadline") && e.0.contains("lease-duration"),
+            "{e}"
         );
-        let free = LeaseSpec::default();
-        assert_eq!(
-            decide(Some(&free), "me", None, now, DURATION).0,
-            Decision::Take
-        );
-    }
-
-    #[test]
-    fn takes_a_lease_only_after_it_stood_still_for_a_lease_duration() {
-        let t0 = Instant::now();
-        let theirs = held_by("other", 100);
-        let (d, seen) = decide(Some(&theirs), "me", None, t0, DURATION);
-        assert_eq!(
-            d,
-            Decision::Wait {
-                holder: "other".into()
-            }
-        );
-        // Unchanged, but not for long enough yet.
-        let t1 = t0 + Duration::from_secs(20);
-        let (d, seen) = decide(Some(&theirs), "me", seen.as_ref(), t1, DURATION);
-        assert!(matches!(d, Decision::Wait { .. }));
-        // The holder renewed: the clock starts again.
-        let renewed = held_by("other", 120);
-        let t2 = t0 + Duration::from_secs(40);
-        let (d, seen) = decide(Some(&renewed), "me", seen.as_ref(), t2, DURATION);
-        assert!(matches!(d, Decision::Wait { .. }));
-        // Unchanged for a whole lease duration since: it is ours to take.
-        let t3 = t2 + DURATION;
-        let (d, _) = decide(Some(&renewed), "me", seen.as_ref(), t3, DURATION);
-        assert_eq!(d, Decision::Take);
-    }
-
-    #[test]
-    fn the_remote_clock_does_not_matter() {
-        // A renew time far in the past is still a fresh record when first seen.
-        let t0 = Instant::now();
-        let stale_looking = held_by("other", 1);
-        let (d, _) = decide(Some(&stale_looking), "me", None, t0, DURATION);
-        assert!(matches!(d, Decision::Wait { .. }));
+        let e = args(35, 30, 30).validate().unwrap_err();
+        assert!(e.0.contains("retry-period"), "{e}");
+        assert!(args(35, 30, 0).validate().is_err());
     }
 
     #[test]

@@ -64,12 +64,19 @@ pub fn filter(level: LogLevel) -> Targets {
         LogLevel::Error => LevelFilter::WARN,
     };
     let plumbing = max.min(LevelFilter::INFO);
+    // rustls warns once per connection about what a peer sent (an illegal
+    // SNI name, a warning alert): any client could fill the log. Below
+    // debug only its errors are shown.
+    let tls = if max >= LevelFilter::DEBUG {
+        plumbing
+    } else {
+        LevelFilter::ERROR
+    };
     [
         "hyper",
         "hyper_util",
         "h2",
         "tower",
-        "rustls",
         "globset",
         "kube_client",
     ]
@@ -77,6 +84,7 @@ pub fn filter(level: LogLevel) -> Targets {
     .fold(Targets::new().with_default(max), |targets, target| {
         targets.with_target(target, plumbing)
     })
+    .with_target("rustls", tls)
 }
 
 /// The span of one reconcile of `namespace`/`name`, with controller-runtime's

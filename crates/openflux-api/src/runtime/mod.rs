@@ -12,8 +12,10 @@
 //!   metrics, recorded once per reconcile by a guard;
 //! - [`events`]: Kubernetes Events, and the same events posted to
 //!   notification-controller in Flux's event format;
-//! - [`leader`]: leader election on a coordination.k8s.io Lease;
-//! - [`health`]: `/healthz` and `/readyz`, and serving any of these routers.
+//! - [`leader`]: leader election on a coordination.k8s.io Lease that holds
+//!   under stalled API calls and clock skew;
+//! - [`health`]: `/healthz` and `/readyz`, the state of the watches
+//!   readiness depends on, and serving any of these routers.
 
 pub mod events;
 pub mod flags;
@@ -24,7 +26,7 @@ pub mod metrics;
 
 pub use events::{EventRecorder, FluxEvent};
 pub use flags::{LeaderElectionArgs, ListenAddr, LogArgs, RuntimeArgs, WatchArgs};
-pub use health::Health;
+pub use health::{Health, WatchTicker, Watches};
 pub use metrics::{ControllerMetrics, Metrics, ObjectLabels, ReconcileGuard, ReconcileResult};
 
 use kube::Resource;

@@ -211,14 +211,14 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     let index = index();
     let indexed = index.len();
     let facts = openflux::facts::Facts::everywhere(openflux::target::Target::ExternalArtifact, &[]);
-    let state = AppState {
-        knowledge: openflux::webhook::Knowledge {
+    let state = AppState::new(
+        openflux::webhook::Knowledge {
             index: Arc::new(RwLock::new(index)),
             facts: Arc::new(RwLock::new(facts)),
         },
-        metrics: WebhookMetrics::default(),
-        options: Arc::new(Options::default()),
-    };
+        WebhookMetrics::default(),
+        Options::default(),
+    );
     let (stop, stopped) = watch::channel(false);
     let in_process = (router(state.clone()), baseline_router());
     let (of_addr, of_task) = start(&server, tls.clone(), router(state), stopped.clone())?;

@@ -27,15 +27,17 @@ use kube::runtime::reflector::store::Writer;
 use kube::Client;
 use openflux_api::runtime::events::{Notifier, RetryPolicy};
 use openflux_api::runtime::leader::Elector;
+use openflux_api::runtime::LeaderElectionArgs;
 use openflux_api::runtime::{EventRecorder, RuntimeArgs};
 use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
 use self::controllers::Controllers;
 use self::router::Event;
-use self::watch::{without_managed_fields, Hub, Watch};
+use self::watch::{without_managed_fields, Hub, Scope, Watch};
 use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
 use crate::export::verify::Verifier;
@@ -46,6 +48,11 @@ use crate::telemetry::{self, Metrics, Readiness};
 
 /// How often the leader checks Flux consumers for the ExternalArtifact gate.
 const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
+/// Time the controllers get to finish their reconciles once stopped (at
+/// shutdown, or when the Lease is lost) before they are aborted.
+pub const CONTROLLERS_STOP_GRACE: Duration = Duration::from_secs(4);
+/// Time the health and metrics servers get to close their connections.
+pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// Everything `run` sets up that the webhook needs too.
 pub struct Shared {
@@ -57,7 +64,10 @@ pub struct Shared {
     pub shutdown: CancellationToken,
 }
 
-/// Runs openflux until SIGTERM/SIGINT, or until leadership is lost.
+/// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
+/// and serves the webhook; with `--enable-leader-election` the controllers
+/// run only while this replica holds the Lease, and a replica that loses it
+/// stops its controllers and campaigns again without exiting.
 /// `extra` starts further services (the webhook) beside the controllers; one
 /// that fails stops the process with its error instead of leaving it half up.
 pub async fn run<F, Fut>(args: RunArgs, client: Client, extra: F) -> anyhow::Result<()>
@@ -67,6 +77,9 @@ where
 {
     let scope = args.scope()?;
     let runtime = &args.runtime;
+    if runtime.leader_election.enable_leader_election {
+        runtime.leader_election.validate()?;
+    }
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let gate_metrics = GateMetrics::register(&mut registry);
@@ -137,77 +150,138 @@ where
     ));
 
     let leader_election = &runtime.leader_election;
-    let elector = match leader_election.enable_leader_election {
-        true => Some(Elector::new(
-            client.clone(),
-            runtime.watch.runtime_namespace()?,
-            LEADER_ELECTION_ID,
-            leader_election,
-        )),
-        false => None,
+    let leading = Leading {
+        ctx,
+        facts_seen,
+        hub,
+        scope,
+        gate_metrics,
+        metrics: metrics.clone(),
+        concurrency: runtime.concurrent,
+        readiness: shared.readiness.clone(),
     };
-    if let Some(elector) = &elector {
-        tokio::select! {
-            _ = elector.acquire() => {}
-            _ = shutdown.cancelled() => {}
+    match leader_election.enable_leader_election {
+        true => {
+            let elector = Elector::new(
+                client.clone(),
+                runtime.watch.runtime_namespace()?,
+                LEADER_ELECTION_ID,
+                leader_election,
+            );
+            campaign(&elector, &leading, &shutdown, leader_election).await;
         }
-    }
-    let mut lost_leadership = false;
-    if !shutdown.is_cancelled() {
-        metrics.leader.set(1);
-        tokio::spawn(gate::run(
-            client.clone(),
-            scope.namespace.clone(),
-            gate_metrics,
-            GATE_CHECK_PERIOD,
-            shutdown.clone(),
-        ));
-        let controllers = Controllers::new(
-            ctx,
-            facts_seen,
-            hub,
-            scope,
-            runtime.concurrent,
-            shared.readiness.clone(),
-            shutdown.clone(),
-        );
-        let controllers = tokio::spawn(controllers.run());
-        match &elector {
-            Some(elector) => tokio::select! {
-                lost = elector.keep() => {
-                    tracing::error!(error = %lost, "leader election lost");
-                    lost_leadership = true;
-                    shutdown.cancel();
-                }
-                _ = shutdown.cancelled() => {}
-            },
-            None => shutdown.cancelled().await,
-        }
-        if let Err(e) = controllers.await {
-            tracing::error!(error = %e, "controllers ended abnormally");
-        }
-    }
-    if let (Some(elector), false) = (&elector, lost_leadership) {
-        if leader_election.leader_election_release_on_cancel {
-            elector.release().await;
+        false => {
+            let controllers = leading.start(shutdown.clone());
+            shutdown.cancelled().await;
+            stop_controllers(controllers).await;
         }
     }
     let _ = watch.await;
-    if let Ok(Err(e)) = health.await {
-        tracing::error!(error = %e, "health endpoints failed");
+    match tokio::time::timeout(SERVER_STOP_GRACE, health).await {
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "health endpoints failed"),
+        Err(_) => tracing::warn!("health endpoints did not stop in time"),
+        Ok(_) => {}
     }
     match extra.await {
         Ok(Err(e)) => return Err(e),
         Err(e) => tracing::error!(error = %e, "service ended abnormally"),
         Ok(Ok(())) => {}
     }
-    if lost_leadership {
-        anyhow::bail!(
-            "lost the leader election Lease; exiting so a fresh start rejoins the election"
-        );
-    }
     tracing::info!("openflux stopped");
     Ok(())
+}
+
+/// What the leader runs, started anew each time this replica wins the Lease.
+struct Leading {
+    ctx: Arc<Context>,
+    /// Changes of the export targets (the survey runs on every replica).
+    facts_seen: tokio::sync::watch::Receiver<u64>,
+    hub: Hub,
+    scope: Scope,
+    gate_metrics: GateMetrics,
+    metrics: Metrics,
+    concurrency: u16,
+    readiness: Arc<Readiness>,
+}
+
+impl Leading {
+    /// Starts the controllers and the gate check until `term` is cancelled.
+    fn start(&self, term: CancellationToken) -> JoinHandle<()> {
+        self.metrics.leader.set(1);
+        tokio::spawn(gate::run(
+            self.ctx.client.clone(),
+            self.scope.namespace.clone(),
+            self.gate_metrics.clone(),
+            GATE_CHECK_PERIOD,
+            term.clone(),
+        ));
+        let controllers = Controllers::new(
+            self.ctx.clone(),
+            self.facts_seen.clone(),
+            self.hub.clone(),
+            self.scope.clone(),
+            self.concurrency,
+            self.readiness.clone(),
+            term,
+        );
+        tokio::spawn(controllers.run())
+    }
+}
+
+/// Waits (bounded) for stopped controllers to finish what they were doing.
+async fn stop_controllers(mut controllers: JoinHandle<()>) {
+    match tokio::time::timeout(CONTROLLERS_STOP_GRACE, &mut controllers).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "controllers ended abnormally"),
+        Err(_) => {
+            tracing::warn!(grace = ?CONTROLLERS_STOP_GRACE, "controllers did not stop in time; aborting them");
+            controllers.abort();
+        }
+    }
+}
+
+/// Takes part in the leader election until shutdown: runs the controllers
+/// while leading; when the Lease is lost, stops them (the watches feeding
+/// the webhook and the webhook itself keep running) and campaigns again.
+/// At shutdown, gives the Lease up once the controllers stopped.
+async fn campaign(
+    elector: &Elector,
+    leading: &Leading,
+    shutdown: &CancellationToken,
+    args: &LeaderElectionArgs,
+) {
+    tracing::info!(
+        identity = elector.identity(),
+        "attempting to acquire the leader lease"
+    );
+    loop {
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let term = shutdown.child_token();
+        let controllers = leading.start(term.clone());
+        let lost = tokio::select! {
+            lost = elector.keep() => Some(lost),
+            () = shutdown.cancelled() => None,
+        };
+        term.cancel();
+        leading.metrics.leader.set(0);
+        if let Some(lost) = &lost {
+            tracing::error!(error = %lost, "stopping the controllers; the webhook keeps serving");
+        }
+        stop_controllers(controllers).await;
+        if lost.is_none() {
+            if args.leader_election_release_on_cancel {
+                elector.release().await;
+            }
+            return;
+        }
+        tracing::info!(
+            identity = elector.identity(),
+            "rejoining the leader election"
+        );
+    }
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

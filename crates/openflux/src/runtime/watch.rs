@@ -111,6 +111,7 @@ where
                 Ok(Some(event)) => event,
                 Ok(None) => return,
                 Err(error) => {
+                    synced.failed();
                     if failing {
                         tracing::debug!(watch = %what, %error, "watch still failing");
                     } else {
@@ -121,6 +122,7 @@ where
                 }
             };
             failing = false;
+            synced.ok();
             writer.apply_watcher_event(&event);
             match &event {
                 watcher::Event::Apply(object) => sink(Change::Applied(object)),

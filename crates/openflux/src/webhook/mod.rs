@@ -11,9 +11,11 @@
 //! `--webhook-configuration`, the CA bundle kept in that
 //! MutatingWebhookConfiguration.
 
+pub mod answer;
 pub mod cabundle;
 pub mod consumers;
 pub mod decision;
+pub mod limits;
 pub mod metrics;
 pub mod review;
 pub mod rewrite;
@@ -147,11 +149,7 @@ pub async fn serve_on(
         (None, _) => {}
     }
 
-    let app = server::router(server::AppState {
-        knowledge,
-        metrics,
-        options: Arc::new(args.options()),
-    });
+    let app = server::router(server::AppState::new(knowledge, metrics, args.options()));
     tracing::info!(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         "serving the admission webhook"

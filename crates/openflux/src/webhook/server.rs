@@ -3,29 +3,30 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use super::consumers;
+pub use super::answer::{answer, answer_parsed, Answer};
 use super::decision::{Decision, Options};
+use super::limits::{Admission, LogBudget, SMALL_BODY_BYTES};
 use super::metrics::WebhookMetrics;
-use super::review::{self, ReviewError};
-use super::rewrite::decide;
+use super::review;
+use super::rewrite::View;
 use crate::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::locks;
@@ -38,8 +39,24 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client gets to send the headers of a request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time open connections get to finish at shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Time one request gets, from its headers to the answer: the webhook
+/// configuration's `timeoutSeconds` (5). Past it the answer is 408.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a request waits for room among the requests in flight before it
+/// is answered 429 with `Retry-After: 1` (the API server retries a 429).
+pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
+/// Connections open at once; past it, new ones wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Time requests in flight get to finish at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What the webhook decides from, kept up to date by openflux's watches:
+/// the owner index and the export targets.
+#[derive(Clone, Default)]
+pub struct Knowledge {
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub facts: Arc<RwLock<Facts>>,
+}
 
 /// What the request handler needs.
 #[derive(Clone)]
@@ -47,97 +64,212 @@ pub struct AppState {
     pub knowledge: Knowledge,
     pub metrics: WebhookMetrics,
     pub options: Arc<Options>,
+    pub admission: Admission,
+    pub logs: Arc<LogBudget>,
+}
+
+impl AppState {
+    pub fn new(knowledge: Knowledge, metrics: WebhookMetrics, options: Options) -> Self {
+        AppState {
+            knowledge,
+            metrics,
+            options: Arc::new(options),
+            admission: Admission::default(),
+            logs: Arc::default(),
+        }
+    }
 }
 
 /// The webhook's routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
-async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
+/// Why a body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error("reading the request body: {0}")]
+    Read(#[from] axum::Error),
+}
+
+/// Reads a body, refusing it as soon as it passes `max` bytes: nothing over
+/// the limit is ever buffered.
+pub async fn read_body(body: axum::body::Body, max: usize) -> Result<Vec<u8>, BodyError> {
+    let mut stream = body.into_data_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if out.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
-    let request = match review::parse(&body) {
-        Ok(request) => request,
-        Err(ReviewError::Unanswerable(message)) => {
-            tracing::warn!(%message, "unreadable admission request");
-            state
-                .metrics
-                .observe("unknown", "error", started.elapsed().as_secs_f64());
-            return (StatusCode::BAD_REQUEST, message).into_response();
+    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request)).await;
+    let (answer, response) = match handled {
+        Ok(Ok(answer)) => {
+            let response = match &answer.review {
+                Ok(review) => (answer.status, Json(review)).into_response(),
+                Err(message) => (answer.status, message.clone()).into_response(),
+            };
+            (answer, response)
         }
-        Err(ReviewError::Invalid { uid, message }) => {
-            tracing::warn!(%uid, %message, "malformed admission request");
-            state
-                .metrics
-                .observe("unknown", "error", started.elapsed().as_secs_f64());
-            return Json(review::refusal(&uid, 400, &message)).into_response();
+        Ok(Err(refused)) => (refused.answer(), refused.response()),
+        Err(_) => {
+            let refused = Refused::TimedOut;
+            (refused.answer(), refused.response())
         }
     };
-    let consumer = consumers::find(&request.resource.group, &request.resource.resource)
-        .map(|c| c.label())
-        .or_else(|| {
-            super::rewrite::writer::is_artifact_resource(
-                &request.resource.group,
-                &request.resource.resource,
-            )
-            .then_some("artifacts")
-        })
-        .unwrap_or("unknown");
-    let name = request
-        .object
-        .as_ref()
-        .and_then(|o| o.pointer("/metadata/name"))
-        .and_then(|n| n.as_str())
-        .or(request.name.as_deref())
-        .unwrap_or("");
-    let span = tracing::info_span!(
-        "admission",
-        uid = %request.uid,
-        consumer,
-        namespace = request.namespace.as_deref().unwrap_or(""),
-        name,
-        operation = ?request.operation,
-        dry_run = request.dry_run.unwrap_or(false),
+    note(&state.logs, &answer);
+    state.metrics.observe(
+        answer.consumer,
+        answer.outcome,
+        started.elapsed().as_secs_f64(),
     );
-    let mut decision = {
-        // Hold the read lock for the decision only; it never crosses an await.
-        let index = locks::read(&state.knowledge.index);
-        let facts = locks::read(&state.knowledge.facts);
-        let view = super::rewrite::View {
-            index: &index,
-            facts: &facts,
-        };
-        decide(&request, view, &state.options)
+    response
+}
+
+/// A request refused before it was decided.
+enum Refused {
+    TooLarge,
+    Busy,
+    Unreadable(String),
+    TimedOut,
+}
+
+impl Refused {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refused::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refused::Busy => StatusCode::TOO_MANY_REQUESTS,
+            Refused::Unreadable(_) => StatusCode::BAD_REQUEST,
+            Refused::TimedOut => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Refused::TooLarge => BodyError::TooLarge.to_string(),
+            Refused::Busy => "too many admission requests in flight; retry".into(),
+            Refused::Unreadable(why) => why.clone(),
+            Refused::TimedOut => format!("the request was not answered within {REQUEST_TIMEOUT:?}"),
+        }
+    }
+
+    fn answer(&self) -> Answer {
+        Answer {
+            status: self.status(),
+            review: Err(self.message()),
+            consumer: "unknown",
+            outcome: "error",
+            subject: Default::default(),
+            decision: None,
+        }
+    }
+
+    fn response(&self) -> Response {
+        let mut response = (self.status(), self.message()).into_response();
+        if let Refused::Busy = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
+    let declared = content_length(request.headers());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(Refused::TooLarge);
+    }
+    let admitted = state.admission.admit(declared, MAX_BODY_BYTES as u64);
+    let _permit = tokio::time::timeout(QUEUE_WAIT, admitted)
+        .await
+        .map_err(|_| Refused::Busy)?;
+    let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
+        Err(e) => return Err(Refused::Unreadable(e.to_string())),
     };
-    let answer = review::response(&request.uid, &decision).unwrap_or_else(|error| {
-        decision = Decision::internal(error.to_string());
-        review::refusal(&request.uid, 500, &error.to_string())
-    });
-    let outcome = decision.outcome();
-    span.in_scope(|| match &decision {
-        Decision::Unchanged => tracing::debug!(outcome, "admitted unchanged"),
-        Decision::Rewrite { patch, warnings } => {
+    // A large body is parsed off the runtime's workers, so the small
+    // requests beside it keep being answered while it is.
+    let parsed = if body.len() as u64 > SMALL_BODY_BYTES {
+        tokio::task::spawn_blocking(move || review::parse(&body))
+            .await
+            .map_err(|e| Refused::Unreadable(format!("parsing the request body: {e}")))?
+    } else {
+        review::parse(&body)
+    };
+    // Hold the read locks for the decision only; they never cross an await.
+    let index = locks::read(&state.knowledge.index);
+    let facts = locks::read(&state.knowledge.facts);
+    let view = View {
+        index: &index,
+        facts: &facts,
+    };
+    Ok(answer_parsed(parsed, view, &state.options))
+}
+
+/// Logs what happened to one request. Lines at info and above are about
+/// what a client sent, so they come out of the log budget.
+fn note(logs: &LogBudget, answer: &Answer) {
+    let [uid, namespace, name] = &answer.subject;
+    let consumer = answer.consumer;
+    let outcome = answer.outcome;
+    match (&answer.decision, &answer.review) {
+        (Some(Decision::Unchanged), _) => {
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, "admitted unchanged")
+        }
+        (Some(Decision::Rewrite { patch, warnings }), _) => {
             // Debug: every re-apply of such an object is rewritten again.
-            tracing::debug!(outcome, %patch, ?warnings, "rewrote source reference")
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, %patch, ?warnings, "rewrote source reference")
         }
-        Decision::Deny { message } => tracing::info!(outcome, %message, "denied"),
-        Decision::Error { code, message } if *code >= 500 => {
-            tracing::error!(outcome, code, %message, "not decided")
+        (decision, review) => {
+            let Some(suppressed) = logs.allow() else {
+                return;
+            };
+            match (decision, review) {
+                (Some(Decision::Deny { message }), _) => {
+                    tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
+                }
+                (Some(Decision::Error { code, message }), _) if *code >= 500 => {
+                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (Some(Decision::Error { code, message }), _) => {
+                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (_, Err(message)) => {
+                    let status = answer.status.as_u16();
+                    tracing::warn!(status, %message, suppressed, "admission request refused")
+                }
+                _ => {}
+            }
         }
-        Decision::Error { code, message } => tracing::warn!(outcome, code, %message, "not decided"),
-    });
-    state
-        .metrics
-        .observe(consumer, outcome, started.elapsed().as_secs_f64());
-    Json(answer).into_response()
+    }
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes; then
-/// stops accepting, lets open connections finish their requests (up to
-/// [`SHUTDOWN_GRACE`]) and returns.
+/// stops accepting, lets open connections finish the requests in flight (up
+/// to [`SHUTDOWN_GRACE`]; connections still in their TLS handshake or idle
+/// are closed at once) and returns.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -147,22 +279,30 @@ pub async fn serve_tls(
     let acceptor = TlsAcceptor::from(tls);
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let logs = LogBudget::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => match accepted {
+            (slot, accepted) = accept(&listener, &slots) => match accepted {
                 Ok((tcp, peer)) => {
                     let span = tracing::debug_span!("connection", %peer);
+                    let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone());
                     connections.spawn(
-                        connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone())
-                            .instrument(span),
+                        async move {
+                            serve.await;
+                            drop(slot);
+                        }
+                        .instrument(span),
                     );
                 }
                 Err(error) => {
                     // For example too many open files: back off instead of spinning.
-                    tracing::warn!(%error, "cannot accept a webhook connection");
+                    if let Some(suppressed) = logs.allow() {
+                        tracing::warn!(%error, suppressed, "cannot accept a webhook connection");
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -183,6 +323,18 @@ pub async fn serve_tls(
     }
 }
 
+/// Accepts a connection once there is room for one more.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> (
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    std::io::Result<(TcpStream, SocketAddr)>,
+) {
+    let slot = slots.clone().acquire_owned().await.ok();
+    (slot, listener.accept().await)
+}
+
 async fn connection(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
@@ -191,16 +343,21 @@ async fn connection(
     mut stop: watch::Receiver<()>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            tracing::debug!(%peer, %error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+    // A handshake under way at shutdown has no request in flight: drop it.
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = stop.changed() => return,
     };
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -210,6 +367,7 @@ async fn connection(
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
     let service = TowerToHyperService::new(app);
@@ -230,33 +388,24 @@ async fn connection(
     }
 }
 
-/// What the webhook decides from, kept up to date by openflux's watches:
-/// the owner index and the export targets.
-#[derive(Clone, Default)]
-pub struct Knowledge {
-    pub index: Arc<std::sync::RwLock<OwnerIndex>>,
-    pub facts: Arc<std::sync::RwLock<Facts>>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
-    use std::sync::RwLock;
     use tower::ServiceExt;
 
     fn app() -> Router {
         let mut index = OwnerIndex::new();
         index.reset([]);
-        router(AppState {
-            knowledge: Knowledge {
+        router(AppState::new(
+            Knowledge {
                 index: Arc::new(RwLock::new(index)),
                 facts: Default::default(),
             },
-            metrics: WebhookMetrics::default(),
-            options: Arc::new(Options::default()),
-        })
+            WebhookMetrics::default(),
+            Options::default(),
+        ))
     }
 
     async fn post(body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
@@ -299,6 +448,42 @@ mod tests {
     async fn refuses_bodies_over_the_limit() {
         let (status, _) = post(vec![b' '; MAX_BODY_BYTES + 1]).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_answers_429_with_retry_after_and_stalled_bodies_408() {
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        let mut state = AppState::new(
+            Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts: Default::default(),
+            },
+            WebhookMetrics::default(),
+            Options::default(),
+        );
+        state.admission = Admission::new(1, 1 << 20);
+        let app = router(state.clone());
+        let request = |body: Body| Request::post(MUTATE_PATH).body(body).unwrap();
+        // A body that never ends holds the only slot until the timeout.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let first = tokio::spawn(app.clone().oneshot(request(stalled)));
+        while state.admission.available() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let busy = app
+            .clone()
+            .oneshot(request(Body::from("{}")))
+            .await
+            .unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        let timed_out = first.await.unwrap().unwrap();
+        assert_eq!(timed_out.status(), StatusCode::REQUEST_TIMEOUT);
+        // Room again once it is gone.
+        let (status, _) = post("{").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]

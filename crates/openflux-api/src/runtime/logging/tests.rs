@@ -195,4 +195,10 @@ fn the_filter_follows_fluxs_levels() {
     ));
     assert!(enabled(LogLevel::Trace, "openflux", Level::TRACE));
     assert!(!enabled(LogLevel::Trace, "kube_client", Level::DEBUG));
+    // What a TLS peer sent ("Illegal SNI extension") is not worth a line
+    // per connection, except when debugging.
+    let sni = "rustls::msgs::handshake";
+    assert!(!enabled(LogLevel::Info, sni, Level::WARN));
+    assert!(enabled(LogLevel::Info, sni, Level::ERROR));
+    assert!(enabled(LogLevel::Debug, sni, Level::WARN));
 }

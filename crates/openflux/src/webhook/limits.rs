@@ -1,0 +1,168 @@
+//! What bounds the webhook's use of memory, CPU and the log, whatever its
+//! clients send:
+//!
+//! - [`Admission`]: at most [`MAX_IN_FLIGHT`] requests are read and decided
+//!   at once; bodies over [`SMALL_BODY_BYTES`] also share a budget of
+//!   [`LARGE_BODY_BUDGET`] bytes, so sixteen maximum-size reviews cannot
+//!   hold up the small ones nor take more memory than the budget;
+//! - [`LogBudget`]: lines about what one client sent (a malformed review, a
+//!   denial) are written at most [`LOG_LINES_PER_WINDOW`] per
+//!   [`LOG_WINDOW`]; the next line written says how many were left out.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Requests read and decided at once.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// Bodies up to this size only count against [`MAX_IN_FLIGHT`].
+pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
+/// Bytes of larger bodies read at once: eight maximum-size reviews.
+pub const LARGE_BODY_BUDGET: u64 = 24 * 1024 * 1024;
+/// Log lines about client input per window.
+pub const LOG_LINES_PER_WINDOW: u32 = 20;
+pub const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// Permits for requests in flight.
+#[derive(Clone)]
+pub struct Admission {
+    in_flight: Arc<Semaphore>,
+    large: Arc<Semaphore>,
+    /// The whole large-body budget, in units.
+    large_units: u64,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission::new(MAX_IN_FLIGHT, LARGE_BODY_BUDGET)
+    }
+}
+
+/// Held while a request is read and decided.
+pub struct Permit {
+    _in_flight: OwnedSemaphorePermit,
+    _large: Option<OwnedSemaphorePermit>,
+}
+
+/// Permits of the large-body budget count KiB.
+const UNIT: u64 = 1024;
+
+impl Admission {
+    pub fn new(max_in_flight: usize, large_budget_bytes: u64) -> Self {
+        let units = usize::try_from(large_budget_bytes / UNIT).unwrap_or(usize::MAX);
+        let units = units.clamp(1, Semaphore::MAX_PERMITS);
+        Admission {
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            large: Arc::new(Semaphore::new(units)),
+            large_units: units as u64,
+        }
+    }
+
+    /// Waits for room for a body of `declared` bytes (`None`: unknown,
+    /// counted as `max` bytes); bodies over the budget are refused before.
+    pub async fn admit(&self, declared: Option<u64>, max: u64) -> Permit {
+        let size = declared.unwrap_or(max).min(max);
+        let large = if size > SMALL_BODY_BYTES {
+            let units = size.div_ceil(UNIT).min(self.large_units);
+            let units = u32::try_from(units).unwrap_or(u32::MAX);
+            // Never closed: acquiring cannot fail.
+            self.large.clone().acquire_many_owned(units).await.ok()
+        } else {
+            None
+        };
+        let in_flight = self.in_flight.clone().acquire_owned().await;
+        Permit {
+            _in_flight: in_flight.unwrap_or_else(|_| unreachable!("the semaphore is never closed")),
+            _large: large,
+        }
+    }
+
+    /// Requests that could start now.
+    pub fn available(&self) -> usize {
+        self.in_flight.available_permits()
+    }
+}
+
+/// A budget of log lines per window.
+pub struct LogBudget {
+    state: Mutex<(Instant, u32, u64)>,
+    per_window: u32,
+    window: Duration,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget::new(LOG_LINES_PER_WINDOW, LOG_WINDOW)
+    }
+}
+
+impl LogBudget {
+    pub fn new(per_window: u32, window: Duration) -> Self {
+        LogBudget {
+            state: Mutex::new((Instant::now(), 0, 0)),
+            per_window,
+            window,
+        }
+    }
+
+    /// `Some(left out since the last line written)` when a line may be
+    /// written now; `None` when it is to be left out (and counted).
+    pub fn allow(&self) -> Option<u64> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (start, used, suppressed) = &mut *state;
+        if start.elapsed() >= self.window {
+            *start = Instant::now();
+            *used = 0;
+        }
+        if *used >= self.per_window {
+            *suppressed += 1;
+            return None;
+        }
+        *used += 1;
+        Some(std::mem::take(suppressed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_log_budget_refills_and_counts_what_it_left_out() {
+        let budget = LogBudget::new(2, Duration::from_secs(10));
+        assert_eq!(budget.allow(), Some(0));
+        assert_eq!(budget.allow(), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(budget.allow(), None);
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(budget.allow(), Some(1000));
+        assert_eq!(budget.allow(), Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn large_bodies_share_a_budget_small_ones_do_not() {
+        let admission = Admission::new(4, 2 * 1024 * 1024);
+        let max = 3 * 1024 * 1024;
+        let big = admission.admit(Some(1024 * 1024), max).await;
+        let _big2 = admission.admit(Some(1024 * 1024), max).await;
+        // The budget is spent: a third large body waits ...
+        let third = tokio::time::timeout(Duration::from_secs(1), admission.admit(None, max)).await;
+        assert!(third.is_err());
+        // ... a small one does not.
+        let _small = admission.admit(Some(100), max).await;
+        drop(big);
+        let _third =
+            tokio::time::timeout(Duration::from_secs(1), admission.admit(Some(1 << 20), max))
+                .await
+                .expect("room again");
+        // The count of requests is bounded too.
+        assert_eq!(admission.available(), 1);
+        let _fourth = admission.admit(Some(1), max).await;
+        let fifth =
+            tokio::time::timeout(Duration::from_secs(1), admission.admit(Some(1), max)).await;
+        assert!(fifth.is_err());
+    }
+}
