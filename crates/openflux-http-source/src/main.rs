@@ -283,6 +283,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let controller = controller::run(ctx, health, watch);
     if flux.leader_election.enable_leader_election {
+        flux.leader_election.validate()?;
         let lease_namespace = flux.watch.runtime_namespace()?;
         let elector = Elector::new(
             client,

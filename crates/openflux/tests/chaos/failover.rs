@@ -2,7 +2,7 @@
 //! elect a leader (with short Lease timings), Artifacts are updated many
 //! times in a row, and half way through the leader is killed with SIGKILL
 //! (no shutdown, no Lease release). Every Artifact's last revision must
-//! reach its exported ExternalArtifact, within a bound after the last
+//! reach its export (an ExternalArtifact or a shadow OCIRepository), within a bound after the last
 //! update.
 #![allow(dead_code)]
 
@@ -110,33 +110,41 @@ pub async fn run(updates: usize) -> anyhow::Result<Outcome> {
     let last_update = Instant::now();
     let update_rate = updates as f64 / started.elapsed().as_secs_f64();
     let standby = &replicas[1 - leader];
-    let (exported, _) =
-        support::dynamic_api(&env.client, SOURCE, "ExternalArtifact", Some(&n)).await?;
+    // Exported as ExternalArtifacts or shadow OCIRepositories, as the
+    // cluster's Flux flags allow.
+    let mut kinds = Vec::new();
+    for kind in ["ExternalArtifact", "OCIRepository"] {
+        if let Ok((api, _)) = support::dynamic_api(&env.client, SOURCE, kind, Some(&n)).await {
+            kinds.push(api);
+        }
+    }
     let mut failover_after = None;
     let mut missing = usize::MAX;
     while last_update.elapsed() < CONVERGENCE_BOUND * 3 {
         if failover_after.is_none() && leads(standby).await {
             failover_after = killed_at.map(|k| k.elapsed());
         }
-        let list = exported.list(&ListParams::default()).await?;
-        let seen: BTreeMap<String, String> = list
-            .items
-            .iter()
-            .filter_map(|ea| {
-                let name = ea
+        let mut seen: BTreeMap<String, String> = BTreeMap::new();
+        for api in &kinds {
+            let list = api.list(&ListParams::default()).await?;
+            seen.extend(list.items.iter().filter_map(|export| {
+                let name = export
                     .metadata
                     .name
                     .clone()?
-                    .strip_prefix("artifact-")?
+                    .strip_suffix(".artifact.openflux.dev")?
                     .to_string();
-                let revision = ea
-                    .data
-                    .pointer("/status/artifact/revision")?
+                // The Artifact's own revision: a shadow keeps it in its
+                // origin metadata when its revision had to be the digest.
+                let artifact = export.data.pointer("/status/artifact")?;
+                let revision = artifact
+                    .pointer("/metadata/org.opencontainers.image.revision")
+                    .or_else(|| artifact.get("revision"))?
                     .as_str()?
                     .to_string();
                 Some((name, revision))
-            })
-            .collect();
+            }));
+        }
         missing = last
             .iter()
             .filter(|(k, v)| seen.get(*k) != Some(*v))
