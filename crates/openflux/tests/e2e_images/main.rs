@@ -32,7 +32,6 @@ use support::openflux::{free_addr, http_get, tarball};
 use support::{cluster, condition, field, ready_condition, wait_for, TIMEOUT};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
-const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 const TEST_SOURCE: &str = "e2e.openflux.dev/v1";
 
 /// The image's config says what the Dockerfile's stage says.
@@ -169,7 +168,7 @@ async fn openflux_image_serves_the_webhook_and_exports_a_custom_source() {
     )
     .await;
 
-    // A custom source with an Artifact: exported to an ExternalArtifact.
+    // A custom source with an Artifact: exported.
     let source = env
         .apply(&json!({
             "apiVersion": TEST_SOURCE, "kind": "TestSource",
@@ -189,11 +188,9 @@ async fn openflux_image_serves_the_webhook_and_exports_a_custom_source() {
     }))
     .await
     .expect("writing the Artifact");
-    wait_for("the export of the custom source", TIMEOUT, || async {
-        let ea = env
-            .find(SOURCE, "ExternalArtifact", &n, "testsource-web")
-            .await?;
-        (ready_condition(&ea)?.0 == "True").then_some(())
+    // An ExternalArtifact or a shadow OCIRepository, as Flux's flags allow.
+    let (_, export) = support::exports::wait_export(&env, &n, "web", |e| {
+        ready_condition(e).is_some_and(|c| c.0 == "True")
     })
     .await;
 
@@ -210,7 +207,7 @@ async fn openflux_image_serves_the_webhook_and_exports_a_custom_source() {
         .expect("creating the Kustomization");
     assert_eq!(
         field(&stored, "/spec/sourceRef"),
-        Some(&json!({"apiVersion": SOURCE, "kind": "ExternalArtifact", "name": "testsource-web"}))
+        Some(&support::exports::reference_to(&export))
     );
     let (_, text) = http_get(metrics, "/metrics").await.expect("metrics");
     assert!(
