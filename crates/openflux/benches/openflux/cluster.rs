@@ -31,8 +31,8 @@ pub fn api(client: &Client, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
 pub fn git_repositories() -> ApiResource {
     resource(SOURCE, "GitRepository", "gitrepositories")
 }
-pub fn external_artifacts() -> ApiResource {
-    resource(SOURCE, "ExternalArtifact", "externalartifacts")
+pub fn oci_repositories() -> ApiResource {
+    resource(SOURCE, "OCIRepository", "ocirepositories")
 }
 pub fn artifacts() -> ApiResource {
     resource(ARTIFACT, "Artifact", "artifacts")

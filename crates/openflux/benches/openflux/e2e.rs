@@ -4,7 +4,7 @@
 //!
 //! - custom source (openflux): a new tarball on the fixtures' static file
 //!   server, then the Artifact (owned by a `TestSource`) updated; openflux
-//!   exports it as an ExternalArtifact the Kustomization references;
+//!   exports it as a shadow OCIRepository the Kustomization references;
 //! - baseline (stock Flux): a new commit pushed to the fixtures' Git server,
 //!   then a reconcile requested on the GitRepository the Kustomization
 //!   references.
@@ -66,6 +66,9 @@ pub async fn run(
     result.context("end-to-end benchmark")
 }
 
+/// The shadow openflux exports the bench's TestSource `web` as.
+const EXPORT: &str = "web.testsource.bench.openflux.dev";
+
 async fn measure(
     env: &Env,
     fx: &Fixtures,
@@ -75,9 +78,14 @@ async fn measure(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let client = &env.client;
+    // Shadow OCIRepositories: read by every Flux, whatever its feature
+    // gates, so the figures compare on any cluster.
     let args = vec![
         "--watch-all-namespaces=false".to_string(),
         format!("--namespace={ns}"),
+        "--export=shadow".to_string(),
+        // No webhook here, so no Artifact has a recorded writer.
+        "--verify-artifact-writers=false".to_string(),
     ];
     let mut of = Openflux::spawn(env, "bench-e2e", &args)?;
     of.wait_serving(Duration::from_secs(60)).await?;
@@ -88,8 +96,8 @@ async fn measure(
         |o| string_at(o, "/status/lastAppliedRevision"),
     );
     let exports = Observer::start(
-        "ExternalArtifact",
-        cluster::api(client, ns, &cluster::external_artifacts()),
+        "OCIRepository",
+        cluster::api(client, ns, &cluster::oci_repositories()),
         |o| string_at(o, "/status/artifact/revision"),
     );
     kustomizations.synced(Duration::from_secs(30)).await?;
@@ -119,7 +127,7 @@ async fn measure(
     }))
     .await?;
 
-    // openflux path: TestSource -> Artifact -> ExternalArtifact -> Kustomization.
+    // openflux path: TestSource -> Artifact -> shadow OCIRepository -> Kustomization.
     let source = env
         .apply(&json!({
             "apiVersion": TEST_SOURCE, "kind": "TestSource",
@@ -151,14 +159,15 @@ async fn measure(
         }
     };
     let spec = publish_value(fx, ns, "custom-0");
-    let custom_ready =
-        kustomizations.expect("custom", spec["revision"].as_str().unwrap_or_default());
+    // A shadow carries the digest as its revision where the source's
+    // revision (`custom-<k>@sha256:...`) is not one helm-controller reads.
+    let custom_ready = kustomizations.expect("custom", spec["digest"].as_str().unwrap_or_default());
     write_artifact(spec).await?;
     env.apply(&json!({
         "apiVersion": KUSTOMIZE, "kind": "Kustomization",
         "metadata": {"name": "custom", "namespace": ns},
         "spec": {"interval": "10m", "prune": true, "path": "./", "targetNamespace": ns,
-                 "sourceRef": {"kind": "ExternalArtifact", "name": "testsource-web"}},
+                 "sourceRef": {"kind": "OCIRepository", "name": EXPORT}},
     }))
     .await?;
     git_ready.wait(SAMPLE_TIMEOUT).await?;
@@ -177,9 +186,9 @@ async fn measure(
                 git.push(git_sample(&repo, &repos, &kustomizations, k).await?);
             } else {
                 let spec = publish_value(fx, ns, &format!("custom-{k}"));
-                let rev = spec["revision"].as_str().unwrap_or_default().to_string();
+                let rev = spec["digest"].as_str().unwrap_or_default().to_string();
                 let applied = kustomizations.expect("custom", &rev);
-                let exported = exports.expect("testsource-web", &rev);
+                let exported = exports.expect(EXPORT, &rev);
                 let t0 = Instant::now();
                 write_artifact(spec).await?;
                 let t_exported = exported.wait(SAMPLE_TIMEOUT).await?;
@@ -206,13 +215,16 @@ async fn measure(
     );
     report.push(Figure::new(
         section,
-        "custom: Artifact write to ExternalArtifact updated, median",
+        "custom: Artifact write to shadow OCIRepository updated, median",
         "ms",
         median(&export_hop),
     ));
     report.samples("end to end custom source to applied (ms)", &custom);
     report.samples("end to end GitRepository to applied (ms)", &git);
-    report.samples("end to end Artifact to ExternalArtifact (ms)", &export_hop);
+    report.samples(
+        "end to end Artifact to shadow OCIRepository (ms)",
+        &export_hop,
+    );
     Ok(())
 }
 
