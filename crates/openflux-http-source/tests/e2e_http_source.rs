@@ -1452,21 +1452,14 @@ impl Drop for OpenfluxRun {
     }
 }
 
-/// The whole path a user sees: HttpSource -> Artifact -> ExternalArtifact
-/// (openflux's export controller) -> Kustomization (stock kustomize-controller
-/// with its ExternalArtifact feature gate) -> objects in the cluster, and a
-/// change of the remote rolled out the same way. The Kustomization names the
-/// exported object; with openflux's webhook it may name the HttpSource.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kustomization_deploys_what_an_http_source_fetches() {
-    let receiver = EventReceiver::start().await;
-    let w = world_with("hs-flow", &[format!("--events-addr={}", receiver.url())]).await;
+/// Fails, naming what is missing, unless Flux's source-controller and
+/// kustomize-controller CRDs are installed.
+async fn require_flux(env: &Env) {
     for crd in [
         "kustomizations.kustomize.toolkit.fluxcd.io",
         "ocirepositories.source.toolkit.fluxcd.io",
     ] {
-        let installed = w
-            .env
+        let installed = env
             .get(
                 "apiextensions.k8s.io/v1",
                 "CustomResourceDefinition",
@@ -1482,6 +1475,18 @@ async fn a_kustomization_deploys_what_an_http_source_fetches() {
              kustomize-controller in the cluster"
         );
     }
+}
+
+/// The whole path a user sees: HttpSource -> Artifact -> ExternalArtifact
+/// (openflux's export controller) -> Kustomization (stock kustomize-controller
+/// with its ExternalArtifact feature gate) -> objects in the cluster, and a
+/// change of the remote rolled out the same way. The Kustomization names the
+/// exported object; with openflux's webhook it may name the HttpSource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kustomization_deploys_what_an_http_source_fetches() {
+    let receiver = EventReceiver::start().await;
+    let w = world_with("hs-flow", &[format!("--events-addr={}", receiver.url())]).await;
+    require_flux(&w.env).await;
     let ns = w.ns().to_string();
     let _openflux = OpenfluxRun::start(&w.env, &ns);
 

@@ -55,6 +55,17 @@ async fn test_source(env: &Env, ns: &str, name: &str) -> String {
     source.uid().expect("uid")
 }
 
+/// Artifact `name` in `ns` with `spec`, owned (as controller) by TestSource
+/// `source` whose uid is `uid`.
+fn owned_artifact(ns: &str, name: &str, source: &str, uid: &str, spec: &Value) -> Value {
+    json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": name, "namespace": ns, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": source, "uid": uid, "controller": true}]},
+        "spec": spec,
+    })
+}
+
 fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
     json!({
         "apiVersion": KUSTOMIZE, "kind": "Kustomization",
@@ -199,14 +210,9 @@ async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
         "v7",
         &[("Pulumi.yaml", "name: infra\n")],
     );
-    env.apply(&json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": "infra", "namespace": n, "ownerReferences": [
-            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "infra", "uid": uid, "controller": true}]},
-        "spec": spec,
-    }))
-    .await
-    .expect("writing the Artifact");
+    env.apply(&owned_artifact(&n, "infra", "infra", &uid, &spec))
+        .await
+        .expect("writing the Artifact");
     let stack = json!({
         "apiVersion": "pulumi.com/v1", "kind": "Stack",
         "metadata": {"name": "infra", "namespace": n},
@@ -276,12 +282,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         &[("configmap.yaml", &support::configmap_yaml("migrated"))],
     );
     let artifact = env
-        .apply(&json!({
-            "apiVersion": ARTIFACT, "kind": "Artifact",
-            "metadata": {"name": "web", "namespace": n, "ownerReferences": [
-                {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
-            "spec": spec,
-        }))
+        .apply(&owned_artifact(&n, "web", "web", &uid, &spec))
         .await
         .expect("writing the Artifact");
     // What an earlier release left: its export and a rewritten consumer.
@@ -317,12 +318,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     })
     .await;
     assert!(refused.contains("write the Artifact again"), "{refused}");
-    let mut again = json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": "web", "namespace": n, "ownerReferences": [
-            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
-        "spec": spec,
-    });
+    let mut again = owned_artifact(&n, "web", "web", &uid, &spec);
     again["metadata"]["labels"] = json!({"e2e.openflux.dev/written": "again"});
     env.apply(&again).await.expect("the producer's next write");
     let (_, export) = wait_export(&env, &n, "web", |_| true).await;
@@ -369,14 +365,9 @@ async fn flux_trace_names_the_custom_source() {
         "v3",
         &[("configmap.yaml", &support::configmap_yaml("traced"))],
     );
-    env.apply(&json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": "web", "namespace": n, "ownerReferences": [
-            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web", "uid": uid, "controller": true}]},
-        "spec": spec,
-    }))
-    .await
-    .expect("writing the Artifact");
+    env.apply(&owned_artifact(&n, "web", "web", &uid, &spec))
+        .await
+        .expect("writing the Artifact");
     env.apply(&kustomization(
         &n,
         "web",
@@ -467,12 +458,7 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
             "v1",
             &[("configmap.yaml", &support::configmap_yaml(who))],
         );
-        let artifact = json!({
-            "apiVersion": ARTIFACT, "kind": "Artifact",
-            "metadata": {"name": source, "namespace": n, "ownerReferences": [
-                {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": source, "uid": uid, "controller": true}]},
-            "spec": spec,
-        });
+        let artifact = owned_artifact(&n, source, source, &uid, &spec);
         let client = acting_as(&env, &n, who);
         // RBAC bindings take a moment to apply: retry until written.
         wait_for(&format!("{who} to write the Artifact"), TIMEOUT, || {

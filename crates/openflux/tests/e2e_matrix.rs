@@ -56,16 +56,7 @@ async fn scenario(cell: Cell) {
         env.flux_line().unwrap_or("unknown"),
         env.feature_gates().unwrap_or("unknown")
     );
-    support::install_artifact_crd(&env).await;
-    support::install_test_source_crd(&env, TEST_GROUP).await;
-    support::wait_established(
-        &env,
-        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
-    )
-    .await;
-    let ns = env.namespace(&format!("matrix-{cell}")).await;
-    let n = ns.name().to_string();
-    let (_of, _webhook) = start(&env, &n).await;
+    let (ns, n, _of, _webhook) = set_up(&env, &format!("matrix-{cell}")).await;
 
     let (kustomization, helm_release) =
         tokio::join!(kustomization(&env, &n, cell), helm_release(&env, &n, cell));
@@ -126,16 +117,7 @@ async fn turning_the_gate_on_and_off_moves_the_consumers_on_flux_2_7() {
 /// kind)` in turn: the gates set, both consumers moved to `kind` and Ready.
 async fn gate_round_trip(cell: Cell, steps: &[(&str, &str)]) {
     let env = support::cell(cell).await;
-    support::install_artifact_crd(&env).await;
-    support::install_test_source_crd(&env, TEST_GROUP).await;
-    support::wait_established(
-        &env,
-        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
-    )
-    .await;
-    let ns = env.namespace("gates").await;
-    let n = ns.name().to_string();
-    let (_of, _webhook) = start(&env, &n).await;
+    let (ns, n, _of, _webhook) = set_up(&env, "gates").await;
     let (ks, hr) = tokio::join!(kustomization(&env, &n, cell), helm_release(&env, &n, cell));
     // Where the steps end is where the cell starts.
     let start = steps.last().map_or("", |s| s.1);
@@ -461,6 +443,22 @@ async fn custom_source(env: &Env, ns: &str, name: &str, spec: &Value) -> Result<
     .await
     .map_err(|e| format!("writing the Artifact: {e:#}"))?;
     Ok(())
+}
+
+/// The CRDs, a fresh namespace (and its name), and openflux with its
+/// webhook serving it.
+async fn set_up(env: &Env, prefix: &str) -> (support::TestNamespace, String, Openflux, Webhook) {
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, TEST_GROUP).await;
+    support::wait_established(
+        env,
+        &["artifacts.openflux.dev", "testsources.e2e.openflux.dev"],
+    )
+    .await;
+    let ns = env.namespace(prefix).await;
+    let n = ns.name().to_string();
+    let (of, webhook) = start(env, &n).await;
+    (ns, n, of, webhook)
 }
 
 /// Starts openflux for namespace `ns` with its webhook.

@@ -8,29 +8,6 @@ const KUSTOMIZATION: &str = "kustomize.toolkit.fluxcd.io/v1";
 /// The Kustomization's interval (and so its retry interval).
 const KS_INTERVAL: Duration = Duration::from_secs(10);
 
-async fn require_flux(env: &Env) {
-    for crd in [
-        "kustomizations.kustomize.toolkit.fluxcd.io",
-        "ocirepositories.source.toolkit.fluxcd.io",
-    ] {
-        let installed = env
-            .get(
-                "apiextensions.k8s.io/v1",
-                "CustomResourceDefinition",
-                None,
-                crd,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("reading CRD {crd}: {e}"))
-            .is_some();
-        assert!(
-            installed,
-            "CRD {crd} is not installed: this test needs Flux's source-controller and \
-             kustomize-controller in the cluster"
-        );
-    }
-}
-
 /// What openflux exports the source's Artifact as (an ExternalArtifact or a
 /// shadow OCIRepository, found through the Artifact's status), once it names
 /// `url`.
