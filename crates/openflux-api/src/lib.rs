@@ -130,8 +130,9 @@ pub const DIGEST_PATTERN: &str = r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]
     shortname = "oart",
     category = "openflux",
     category = "all",
-    doc = "Artifact is the uniform, independent description of an artifact produced by a source (a Flux source or a custom one). Producers write spec; openflux writes status.",
-    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".status.source"}"#,
+    doc = "Artifact is the uniform, independent description of an artifact produced by a source (a Flux source or a custom one). Producers write spec; openflux writes status (Artifacts it mirrors from Flux's own sources have none).",
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".metadata.ownerReferences[?(@.controller==true)].kind"}"#,
+    printcolumn = r#"{"name":"Source","type":"string","jsonPath":".metadata.ownerReferences[?(@.controller==true)].name"}"#,
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revision"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
@@ -194,8 +195,6 @@ pub struct ObjectReference {
 
 /// Reasons openflux writes into `Ready` conditions.
 pub mod reason {
-    /// A stock source's artifact was mirrored.
-    pub const MIRRORED: &str = "Mirrored";
     /// The Artifact was exported to a Flux-consumable object.
     pub const EXPORTED: &str = "Exported";
     /// The Artifact cannot be exported as it is (for example it has no digest).

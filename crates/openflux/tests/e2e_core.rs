@@ -102,14 +102,19 @@ async fn git_repository_is_mirrored_updated_and_collected() {
         ("GitRepository", Some(true))
     );
     assert_eq!(owner.uid, source.uid().unwrap());
-    let ready = wait_for("the Artifact's Ready condition", TIMEOUT, || async {
-        let a = env
-            .find(ARTIFACT, "Artifact", &n, "gitrepository-app")
-            .await?;
-        ready_condition(&a)
-    })
-    .await;
-    assert_eq!((ready.0.as_str(), ready.1.as_str()), ("True", "Mirrored"));
+    // One write made it: the spec, and no status (a mirrored Artifact is a
+    // copy of its source's artifact, the source's Ready says the rest).
+    assert_eq!(
+        of.metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
+            .await,
+        Some(1.0),
+        "a new mirrored Artifact costs one write"
+    );
+    assert!(
+        artifact.data.get("status").is_none(),
+        "a mirrored Artifact has no status: {:?}",
+        artifact.data.get("status")
+    );
 
     // A new commit: the Artifact follows, with exactly one more write.
     let second = repo
@@ -122,7 +127,12 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     support::request_reconcile(&env.client, SOURCE, "GitRepository", &n, "app")
         .await
         .expect("requesting a reconcile");
-    mirrored_at(&env, &n, &second).await;
+    let (updated, _) = mirrored_at(&env, &n, &second).await;
+    assert!(
+        updated.data.get("status").is_none(),
+        "a mirrored Artifact never gets a status: {:?}",
+        updated.data.get("status")
+    );
     let writes = of
         .metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
         .await;

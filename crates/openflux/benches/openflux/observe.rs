@@ -120,11 +120,6 @@ impl Observer {
         self.lock().first_seen.values().max().copied()
     }
 
-    /// When the last of the objects seen ready so far was first seen ready.
-    pub fn last_first_ready(&self) -> Option<Instant> {
-        self.lock().first_ready.values().max().copied()
-    }
-
     /// Polls (every 20 ms, bounded) until `done` holds for the state.
     async fn until(
         &self,

@@ -3,8 +3,12 @@
 //!
 //! The Artifact is named after the source's kind and name, controlled by the
 //! source (so garbage collection removes it with the source), and written by
-//! server-side apply only when it differs from what the source says. [`plan`]
-//! decides; this module runs the controller that writes what it decided.
+//! server-side apply only when it differs from what the source says. That
+//! apply is the only write: a mirrored Artifact has no status (it is a copy
+//! of its source's, whose own `Ready` tells whether it is usable; kstatus
+//! reads an object without conditions as current), so a new source costs one
+//! API write and so does each new revision. [`plan`] decides; this module
+//! runs the controller that writes what it decided.
 
 pub mod plan;
 
@@ -20,7 +24,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Client, Resource, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
 
-pub use plan::{is_own_export, mirrored_status, plan, slim, up_to_date, InvalidSource, Plan};
+pub use plan::{is_own_export, plan, slim, up_to_date, InvalidSource, Plan};
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::controller::{apply_params, hash_of, reconcile_result, Context, Error};
@@ -135,7 +139,7 @@ async fn reconcile_inner(
         }
         Ok(Plan::Skip) => {}
         Ok(Plan::Remove { name }) => remove(ctx, source, &namespace, &name).await?,
-        Ok(Plan::Mirror(desired)) => write(ctx, stock, source, &namespace, &desired).await?,
+        Ok(Plan::Mirror(desired)) => write(ctx, stock, &namespace, &desired).await?,
     }
     Ok(Action::await_change())
 }
@@ -175,40 +179,33 @@ async fn remove(
     Ok(())
 }
 
-/// Applies `desired` unless the Artifact already says it, then its status.
+/// Applies `desired` unless the Artifact already says it.
 async fn write(
     ctx: &Context,
     stock: &'static StockSource,
-    source: &DynamicObject,
     namespace: &str,
     desired: &Artifact,
 ) -> Result<(), Error> {
     let name = desired.name_any();
     let current = ctx.artifacts.get(&ObjectRef::new(&name).within(namespace));
+    if current.as_ref().is_some_and(|c| up_to_date(c, desired)) {
+        return Ok(());
+    }
     let key = format!("artifact/{namespace}/{name}");
     let hash = hash_of(desired)?;
     let rv = current.as_ref().and_then(|c| c.resource_version());
-    let written = match &current {
-        Some(c) if up_to_date(c, desired) => None,
-        _ if ctx.memo.already_written(&key, rv.as_deref(), hash) => None,
-        _ => {
-            let applied = ctx
-                .artifact_api(namespace)
-                .patch(&name, &apply_params(), &Patch::Apply(desired))
-                .await?;
-            ctx.memo.record(key, rv, hash);
-            let kind = stock.kind.to_string();
-            ctx.metrics
-                .mirrored
-                .get_or_create(&KindLabels { kind })
-                .inc();
-            tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
-            Some(applied)
-        }
-    };
-    if let Some(latest) = written.as_ref().or(current.as_deref()) {
-        let status = mirrored_status(latest, stock.kind, &source.name_any());
-        ctx.apply_artifact_status(latest, status).await?;
+    if ctx.memo.already_written(&key, rv.as_deref(), hash) {
+        return Ok(());
     }
+    ctx.artifact_api(namespace)
+        .patch(&name, &apply_params(), &Patch::Apply(desired))
+        .await?;
+    ctx.memo.record(key, rv, hash);
+    let kind = stock.kind.to_string();
+    ctx.metrics
+        .mirrored
+        .get_or_create(&KindLabels { kind })
+        .inc();
+    tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
     Ok(())
 }

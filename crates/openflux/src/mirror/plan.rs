@@ -10,8 +10,8 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use crate::api::{
-    conditions, reason, Artifact, ArtifactSpec, ArtifactStatus, StockSource, MANAGED_BY,
-    MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    Artifact, ArtifactSpec, StockSource, MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL,
+    SOURCE_NAME_LABEL,
 };
 use crate::naming;
 
@@ -136,25 +136,6 @@ pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
             .any(|o| o.uid == d.uid && o.controller == Some(true))
     });
     labels_ok && owner_ok
-}
-
-/// The status openflux keeps on a mirrored Artifact. It does not depend on
-/// the revision, so a new revision costs a single write (the spec).
-pub fn mirrored_status(current: &Artifact, kind: &str, source: &str) -> ArtifactStatus {
-    let source = format!("{kind}/{source}");
-    ArtifactStatus {
-        observed_generation: None,
-        exported_ref: None,
-        conditions: vec![conditions::ready(
-            true,
-            reason::MIRRORED,
-            &format!("mirrored from {source}"),
-            None,
-            current.ready_condition(),
-            &conditions::now(),
-        )],
-        source: Some(source),
-    }
 }
 
 #[cfg(test)]
@@ -336,16 +317,5 @@ mod tests {
             plan(&StockSource::GIT_REPOSITORY, "v", &gone).unwrap(),
             Plan::Remove { .. }
         ));
-    }
-
-    #[test]
-    fn mirrored_status_does_not_depend_on_revision() {
-        let s = podinfo();
-        let mut a = mirrored(&s);
-        let first = mirrored_status(&a, "GitRepository", "podinfo");
-        a.status = Some(first.clone());
-        a.spec.revision = "main@sha1:other".into();
-        a.metadata.generation = Some(2);
-        assert_eq!(mirrored_status(&a, "GitRepository", "podinfo"), first);
     }
 }

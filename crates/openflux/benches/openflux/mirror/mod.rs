@@ -265,19 +265,11 @@ async fn one_size(
         .last_first_seen()
         .context("no Artifact seen")?
         .duration_since(of.started);
-    artifacts
-        .until_count(n, true, sync_timeout, || of.check_alive())
-        .await?;
-    let ready = artifacts
-        .last_first_ready()
-        .context("no Artifact seen ready")?
-        .duration_since(of.started);
     eprintln!(
-        "{section}: all Artifacts present after {:.2}s, Ready after {:.2}s",
-        present.as_secs_f64(),
-        ready.as_secs_f64()
+        "{section}: all Artifacts present after {:.2}s",
+        present.as_secs_f64()
     );
-    // Let the last status writes and watch events settle.
+    // Let the last writes and watch events settle.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // Propagation of changes, one at a time.
@@ -364,7 +356,6 @@ async fn one_size(
 
     let measured = Measured {
         present,
-        ready,
         baseline_sync,
         artifact_sync,
         sync_writes,
