@@ -5,13 +5,14 @@
 //! Artifact again), and read by the webhook and the export controller. Pure
 //! data: no I/O, no clock, so it is tested by feeding objects.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use kube::ResourceExt;
 
 use crate::api::{split_api_version, Artifact};
 use crate::identity::{self, Candidate, DEFAULT_ARTIFACT_LABEL};
+use crate::small_set::SmallSet;
 
 /// Identity of a source object: API group, kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,10 +159,10 @@ pub struct SourceMatch {
 #[derive(Debug, Default)]
 pub struct OwnerIndex {
     artifacts: HashMap<ArtifactKey, IndexedArtifact>,
-    by_source: HashMap<SourceKey, BTreeSet<String>>,
+    by_source: HashMap<SourceKey, SmallSet<String>>,
     /// (kind, namespace, name) -> groups that have such a source with Artifacts.
-    by_kind: HashMap<(String, String, String), BTreeSet<String>>,
-    by_uid: HashMap<String, BTreeSet<ArtifactKey>>,
+    by_kind: HashMap<(String, String, String), SmallSet<String>>,
+    by_uid: HashMap<String, SmallSet<ArtifactKey>>,
     synced: bool,
 }
 
@@ -330,7 +331,7 @@ impl OwnerIndex {
 
     /// Number of Artifacts a source owns.
     pub fn artifact_count(&self, source: &SourceKey) -> usize {
-        self.by_source.get(source).map_or(0, BTreeSet::len)
+        self.by_source.get(source).map_or(0, SmallSet::len)
     }
 
     /// The default Artifact of a source: the one that fills the source's

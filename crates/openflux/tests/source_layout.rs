@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("evidence", Layer::Pure),
     ("shadow", Layer::Pure),
     ("identity", Layer::Pure),
+    ("small_set", Layer::Api),
     ("trust", Layer::Pure),
     ("telemetry", Layer::Shell),
     ("controller", Layer::Shell),

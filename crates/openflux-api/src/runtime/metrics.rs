@@ -257,6 +257,18 @@ pub struct ControllerMetrics {
 impl ControllerMetrics {
     /// Starts recording one reconcile of `object`: see [`ReconcileGuard`].
     pub fn reconcile(&self, object: ObjectLabels) -> ReconcileGuard {
+        self.start(Some(object))
+    }
+
+    /// Starts recording one reconcile in the controller's metrics only,
+    /// without `gotk_*` series for the object: for controllers of many
+    /// objects that copy others with series of their own (each series
+    /// costs memory and scrape size).
+    pub fn reconcile_unlabelled(&self) -> ReconcileGuard {
+        self.start(None)
+    }
+
+    fn start(&self, object: Option<ObjectLabels>) -> ReconcileGuard {
         self.metrics
             .0
             .active_workers
@@ -319,60 +331,6 @@ fn condition_labels(object: &ObjectLabels, type_: &str, status: &str) -> Conditi
     }
 }
 
-/// Records one reconcile when dropped, exactly once: its result (an error
-/// unless set otherwise, so an early return or a panic counts as one), its
-/// duration in `controller_runtime_reconcile_time_seconds` and
-/// `gotk_reconcile_duration_seconds` (or, for a deleted object, the removal
-/// of its `gotk_*` series), and the worker it occupied.
-#[must_use = "a reconcile is recorded when its guard is dropped"]
-pub struct ReconcileGuard {
-    metrics: ControllerMetrics,
-    object: ObjectLabels,
-    started: Instant,
-    result: ReconcileResult,
-    deleted: bool,
-}
-
-impl ReconcileGuard {
-    /// Sets how the reconcile ended.
-    pub fn set_result(&mut self, result: ReconcileResult) {
-        self.result = result;
-    }
-
-    /// Marks the object deleted: its `gotk_*` series are removed.
-    pub fn object_deleted(&mut self) {
-        self.deleted = true;
-    }
-
-    pub fn object(&self) -> &ObjectLabels {
-        &self.object
-    }
-}
-
-impl Drop for ReconcileGuard {
-    fn drop(&mut self) {
-        let m = &self.metrics.metrics.0;
-        let label = &self.metrics.label;
-        let seconds = self.started.elapsed().as_secs_f64();
-        m.reconcile_total
-            .get_or_create(&ResultLabels {
-                controller: label.controller.clone(),
-                result: self.result.label(),
-            })
-            .inc();
-        if self.result == ReconcileResult::Error {
-            m.reconcile_errors.get_or_create(label).inc();
-        }
-        m.reconcile_time.get_or_create(label).observe(seconds);
-        if self.deleted {
-            self.metrics.delete_object(&self.object);
-        } else {
-            m.duration.get_or_create(&self.object).observe(seconds);
-        }
-        m.active_workers.get_or_create(label).dec();
-    }
-}
-
 /// The text exposition of a registry.
 pub fn encode(registry: &Registry) -> String {
     let mut out = String::new();
@@ -397,6 +355,9 @@ async fn serve_metrics(State(registry): State<Arc<Registry>>) -> impl IntoRespon
         encode(&registry),
     )
 }
+
+mod guard;
+pub use guard::ReconcileGuard;
 
 #[cfg(test)]
 mod tests;

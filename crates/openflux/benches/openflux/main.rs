@@ -23,6 +23,7 @@ mod loadgen;
 mod mirror;
 mod observe;
 mod parse;
+mod plot;
 mod process;
 mod report;
 mod stats;
@@ -334,7 +335,20 @@ fn main() -> ExitCode {
                 )
             });
         match written {
-            Ok(()) => println!("figures written to {}", path.display()),
+            Ok(()) => {
+                println!("figures written to {}", path.display());
+                match plot::write_beside(path, &report) {
+                    Ok(charts) => {
+                        for chart in charts {
+                            println!("chart written to {}", chart.display());
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("writing the charts beside {}: {e}", path.display());
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             Err(e) => {
                 eprintln!("writing {}: {e}", path.display());
                 return ExitCode::FAILURE;

@@ -21,14 +21,13 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
-use kube::{Client, Resource, ResourceExt};
-use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
+use kube::{Client, ResourceExt};
+use openflux_api::runtime::{ControllerId, ControllerMetrics};
 
-pub use plan::{is_own_export, plan, slim, up_to_date, InvalidSource, Plan};
+pub use plan::{is_own_export, plan, slim, slim_artifact, up_to_date, InvalidSource, Plan};
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::controller::{apply_params, hash_of, reconcile_result, Context, Error};
-use crate::naming::mirror_artifact_name;
 use crate::telemetry::KindLabels;
 
 /// Finds the first version of `kind` the API server serves.
@@ -104,12 +103,10 @@ async fn reconcile(
     ar: Arc<ApiResource>,
     metrics: ControllerMetrics,
 ) -> Result<Action, Error> {
-    // Recorded against the Artifact the source is mirrored to.
-    let mut guard = metrics.reconcile(ObjectLabels {
-        kind: Artifact::kind(&()).into_owned(),
-        name: mirror_artifact_name(stock, &source.name_any()),
-        namespace: source.namespace().unwrap_or_default(),
-    });
+    // Counted per controller only: a mirrored Artifact is a copy of a Flux
+    // source, which source-controller already records, and a series per
+    // object would grow with every source in the cluster.
+    let mut guard = metrics.reconcile_unlabelled();
     let result = reconcile_inner(&source, &ctx, stock, &ar).await;
     guard.set_result(reconcile_result(&result));
     result

@@ -37,7 +37,7 @@ pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
 use self::controllers::Controllers;
 use self::router::Event;
-use self::watch::{without_managed_fields, Hub, Scope, Watch};
+use self::watch::{Hub, Scope, Watch};
 use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
 use crate::export::verify::Verifier;
@@ -130,7 +130,7 @@ where
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
         config: scope.config(),
-        slim: without_managed_fields,
+        slim: crate::mirror::slim_artifact,
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
     };

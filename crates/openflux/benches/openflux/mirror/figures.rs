@@ -74,7 +74,7 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
     );
     report.push(Figure::new(section, "propagation p50", "ms", of_lat.p50).baseline(src_lat.p50));
     let mut f = Figure::new(section, "propagation p99", "ms", of_lat.p99).baseline(src_lat.p99);
-    if n == 1000 {
+    if n == 1000 || n == 10_000 {
         f = f.target("<= baseline + 10 ms", of_lat.p99 <= src_lat.p99 + 10.0);
     }
     report.push(f);
@@ -82,6 +82,8 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
         let mut f = Figure::new(section, "openflux peak RSS (VmHWM)", "MiB", rss);
         if n == 5000 {
             f = f.target("<= 64 MiB", rss <= 64.0);
+        } else if n == 50_000 {
+            f = f.target("<= 256 MiB", rss <= 256.0);
         }
         report.push(f);
     }
