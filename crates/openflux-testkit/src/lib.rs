@@ -24,6 +24,7 @@
 mod cells;
 pub mod exports;
 pub mod fixtures;
+pub mod identity;
 mod namespace;
 mod objects;
 pub mod openflux;

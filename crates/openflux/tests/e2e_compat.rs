@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use support::exports::{reference_to, source_revision, wait_export};
+use support::identity::acting_as;
 use support::openflux::publish;
 use support::webhook::openflux_with_webhook;
 use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
@@ -398,19 +399,6 @@ async fn flux_trace_names_the_custom_source() {
         "flux trace does not show the custom source's revision:\n{text}"
     );
     ns.delete().await;
-}
-
-/// A client acting as ServiceAccount `name` of `ns` (the test's admin
-/// impersonates it).
-fn acting_as(env: &Env, ns: &str, name: &str) -> kube::Client {
-    let mut config = env.config.clone();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{name}"));
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".into(),
-        format!("system:serviceaccounts:{ns}"),
-        "system:authenticated".into(),
-    ]);
-    kube::Client::try_from(config).expect("an impersonating client")
 }
 
 /// An Artifact counts for a source only when its writer may update that
