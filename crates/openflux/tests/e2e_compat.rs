@@ -286,8 +286,10 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         .apply(&owned_artifact(&n, "web", "web", &uid, &spec))
         .await
         .expect("writing the Artifact");
-    // What an earlier release left: its export and a rewritten consumer.
-    env.apply(&json!({
+    // What an earlier release left: its export (which only openflux may
+    // write) and a rewritten consumer.
+    let openflux = acting_as(&env, "openflux-system", "openflux");
+    support::apply(&openflux, &json!({
         "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact",
         "metadata": {"name": "testsource-web", "namespace": n,
                      "labels": {"app.kubernetes.io/managed-by": "openflux"},
