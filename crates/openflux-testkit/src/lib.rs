@@ -28,6 +28,7 @@ pub mod identity;
 mod namespace;
 mod objects;
 pub mod openflux;
+pub mod references;
 mod wait;
 pub mod webhook;
 

@@ -8,8 +8,17 @@
 //! object; the garbage collector still removes or orphans the exports of a
 //! deleted Artifact, and source-controller still keeps its finalizer on a
 //! shadow.
+//!
+//! And the other half of the empty-apiVersion rule: the API server, running
+//! the shipped webhook configuration's `matchConditions`, sends a recording
+//! endpoint exactly the consumer objects the table of source references
+//! (`tests/fixtures/source-references.json`) says openflux acts on; the
+//! webhook's decision is held to the same table by a unit test.
 
 use openflux_testkit as support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
@@ -323,4 +332,193 @@ async fn the_garbage_collector_deletes_or_orphans_exports_with_their_artifact() 
         }
         ns.delete().await;
     }
+}
+
+/// A webhook endpoint over HTTPS that admits everything unchanged and
+/// records the name of every object sent to it; stops when dropped.
+struct Recorder {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn recorder() -> Recorder {
+    use openflux::certs::{self, Authority, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY};
+    let ca = Authority::generate(DEFAULT_CA_VALIDITY).expect("a test CA");
+    let issued = ca
+        .issue(
+            &["localhost".into()],
+            &["127.0.0.1".parse().expect("an address")],
+            DEFAULT_CERT_VALIDITY,
+        )
+        .expect("a serving certificate");
+    let material = certs::material_from_pem(
+        issued.cert_pem.as_bytes(),
+        issued.key_pem.as_bytes(),
+        Some(ca.cert_pem.as_bytes()),
+    )
+    .expect("TLS material");
+    let resolver = Arc::new(certs::SwappableCert::new(material.certified));
+    let tls = Arc::new(certs::server_config(resolver).expect("TLS config"));
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let record = seen.clone();
+    let router = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let record = record.clone();
+        async move {
+            let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let request = &review["request"];
+            if let Some(name) = request["object"]["metadata"]["name"].as_str() {
+                record.lock().expect("the record").insert(name.to_string());
+            }
+            axum::Json(json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": request["uid"], "allowed": true}
+            }))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the recorder");
+    let addr = listener.local_addr().expect("address");
+    let task = tokio::spawn(openflux::webhook::server::serve_tls(
+        listener,
+        tls,
+        router,
+        std::future::pending(),
+    ));
+    Recorder {
+        addr,
+        ca_pem: ca.cert_pem.clone(),
+        seen,
+        task,
+    }
+}
+
+/// The shipped webhook configuration's `matchConditions`, run by the API
+/// server, send a webhook exactly the objects the table of source
+/// references says openflux acts on: no stock reference (whatever its
+/// apiVersion: absent, empty or Flux's) and every custom one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_match_conditions_send_openflux_what_the_table_says() {
+    let env = cluster().await;
+    let stacks = support::workspace_root().join("e2e/crds/pulumi-stack.yaml");
+    env.apply_yaml(&std::fs::read_to_string(&stacks).expect("the Stack CRD"))
+        .await
+        .expect("installing the Stack CRD");
+    support::wait_established(
+        &env,
+        &[
+            "stacks.pulumi.com",
+            "kustomizations.kustomize.toolkit.fluxcd.io",
+            "helmreleases.helm.toolkit.fluxcd.io",
+            "artifactgenerators.source.extensions.fluxcd.io",
+        ],
+    )
+    .await;
+    let ns = env.namespace("match-conditions").await;
+    let n = ns.name().to_string();
+    let recorder = recorder().await;
+    let webhook = support::webhook::local_webhook(&env, "openflux-cel", &n, recorder.addr).await;
+    let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(
+        recorder.ca_pem.clone().into_bytes(),
+    ))
+    .expect("the CA bundle");
+    let config = env
+        .get(
+            "admissionregistration.k8s.io/v1",
+            "MutatingWebhookConfiguration",
+            None,
+            &webhook.name,
+        )
+        .await
+        .expect("reading the webhook configuration")
+        .expect("the webhook configuration");
+    let mut webhooks = config.data["webhooks"].clone();
+    for w in webhooks.as_array_mut().expect("webhooks") {
+        w["clientConfig"]["caBundle"] = ca_bundle.clone();
+    }
+    env.apply(&json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": webhook.name}, "webhooks": webhooks,
+    }))
+    .await
+    .expect("setting the CA bundle");
+
+    // The configuration takes effect shortly after it is written: wait
+    // until a case that reaches the webhook is seen.
+    let cases = support::references::source_reference_cases();
+    let probe = cases
+        .iter()
+        .find(|c| c.openflux)
+        .expect("a case for openflux");
+    wait_for(
+        "the webhook configuration to take effect",
+        TIMEOUT,
+        || async {
+            let name = format!("probe-{}", support::unique_name("p"));
+            let _ = dry_run_create(&env, &probe.object(&n, &name)).await;
+            recorder
+                .seen
+                .lock()
+                .expect("the record")
+                .contains(&name)
+                .then_some(())
+        },
+    )
+    .await;
+    let mut wrong = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let name = format!("case-{i}");
+        if let Err(e) = dry_run_create(&env, &case.object(&n, &name)).await {
+            // Refused after admission (for example a custom kind in a
+            // field whose schema lists Flux's kinds): the webhook ran.
+            assert!(
+                matches!(&e, kube::Error::Api(s) if s.code == 422 || s.code == 400),
+                "{case}: {e}"
+            );
+        }
+        let reached = recorder.seen.lock().expect("the record").contains(&name);
+        if reached != case.openflux {
+            wrong.push(format!(
+                "{case}: reached openflux: {reached}, the table says {}",
+                case.openflux
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the matchConditions and the table disagree:\n{}",
+        wrong.join("\n")
+    );
+    drop(webhook);
+    ns.delete().await;
+}
+
+/// A server-side dry-run create of `obj`.
+async fn dry_run_create(env: &Env, obj: &Value) -> Result<DynamicObject, kube::Error> {
+    let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+    let (api, _) = support::dynamic_api(
+        &env.client,
+        obj["apiVersion"].as_str().unwrap_or_default(),
+        obj["kind"].as_str().unwrap_or_default(),
+        Some(ns),
+    )
+    .await
+    .expect("discovery");
+    let object: DynamicObject = serde_json::from_value(obj.clone()).expect("an object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            field_manager: None,
+        },
+        &object,
+    )
+    .await
 }
