@@ -14,7 +14,8 @@
 # complete only once the process is healthy.
 #
 # Expects FLUX_CONTROLLERS, FLUX (e2e/lib/build.sh), flux_args, flux_health,
-# kubectl_, start, stop_group, wait_until, say, die and STATE.
+# kubectl_, client_kubeconfig, start, stop_group, wait_until, say, die and
+# STATE.
 
 FLUX_NAMESPACE=flux-system
 DEPLOYMENTS_FIELD_MANAGER=openflux-e2e-cluster
@@ -182,7 +183,7 @@ set_gates() {
   stop_group alive "${restart[@]}"
   for name in "${restart[@]}"; do
     mapfile -t args < <(flux_args "$name")
-    start "$name" KUBECONFIG="$STATE/kubeconfig" RUNTIME_NAMESPACE="$FLUX_NAMESPACE" -- "${args[@]}"
+    start "$name" KUBECONFIG="$(client_kubeconfig "$name")" RUNTIME_NAMESPACE="$FLUX_NAMESPACE" -- "${args[@]}"
   done
   for name in "${restart[@]}"; do
     wait_until "$name" "$name /readyz" curl -fsS "http://$(flux_health "$name")/readyz"

@@ -1430,7 +1430,8 @@ impl OpenfluxRun {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        if let Some(kubeconfig) = &env.kubeconfig {
+        // As openflux's own identity on the local control plane.
+        if let Some(kubeconfig) = support::identity::openflux_kubeconfig(env) {
             cmd.env("KUBECONFIG", kubeconfig);
         }
         let child = cmd.spawn().expect("starting openflux run");

@@ -24,9 +24,11 @@
 mod cells;
 pub mod exports;
 pub mod fixtures;
+pub mod identity;
 mod namespace;
 mod objects;
 pub mod openflux;
+pub mod references;
 mod wait;
 pub mod webhook;
 

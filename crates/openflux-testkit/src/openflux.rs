@@ -35,8 +35,14 @@ pub fn binary() -> PathBuf {
 
 impl Openflux {
     /// Starts `openflux run` against the test cluster with `args` added, and
-    /// waits (bounded) until it reports ready.
+    /// waits (bounded) until it reports ready. It acts as openflux's own
+    /// identity where the control plane has one (see [`crate::identity`]);
+    /// its runtime namespace (`--namespace=`) gets the shipped Roles of
+    /// openflux's namespace.
     pub async fn start(env: &Env, name: &str, args: &[&str]) -> Self {
+        if let Some(ns) = args.iter().find_map(|a| a.strip_prefix("--namespace=")) {
+            crate::identity::grant_runtime_namespace(env, ns).await;
+        }
         let metrics_addr = free_addr();
         let health_addr = free_addr();
         let log = std::env::temp_dir().join(format!("{}.log", super::unique_name(name)));
@@ -58,7 +64,7 @@ impl Openflux {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        if let Some(kc) = &env.kubeconfig {
+        if let Some(kc) = crate::identity::openflux_kubeconfig(env) {
             cmd.env("KUBECONFIG", kc);
         }
         let child = cmd.spawn().expect("starting openflux");

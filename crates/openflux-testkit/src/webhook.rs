@@ -46,7 +46,8 @@ impl Drop for Webhook {
 }
 
 /// Applies the shipped local webhook configuration as `<prefix>-<ns>`,
-/// pointed at `addr` and limited to namespace `ns`.
+/// pointed at `addr` and limited to namespace `ns`, and lets openflux's
+/// identity keep it as the shipped RBAC lets it keep `openflux`.
 pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) -> Webhook {
     let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
     let name = format!("{prefix}-{ns}");
@@ -55,9 +56,15 @@ pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) 
         webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
         webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
     }
-    env.apply(&config)
+    let applied = env
+        .apply(&config)
         .await
         .expect("creating the webhook configuration");
+    let uid = applied
+        .metadata
+        .uid
+        .expect("the webhook configuration's uid");
+    crate::identity::grant_webhook_configuration(env, &name, &uid).await;
     Webhook {
         name,
         config: env.config.clone(),

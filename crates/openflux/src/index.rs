@@ -5,121 +5,15 @@
 //! Artifact again), and read by the webhook and the export controller. Pure
 //! data: no I/O, no clock, so it is tested by feeding objects.
 
+mod entry;
+
+pub use entry::{ArtifactKey, IndexedArtifact, Owner, SourceKey};
+
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 
-use kube::ResourceExt;
-
-use crate::api::{split_api_version, Artifact};
-use crate::identity::{self, Candidate, DEFAULT_ARTIFACT_LABEL};
+use crate::api::Artifact;
+use crate::identity::{self, Candidate};
 use crate::small_set::SmallSet;
-
-/// Identity of a source object: API group, kind, namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceKey {
-    pub group: String,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl fmt::Display for SourceKey {
-    /// `Kind.group ns/name`, the way `kubectl` spells a resource.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.group.is_empty() {
-            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-        } else {
-            write!(
-                f,
-                "{}.{} {}/{}",
-                self.kind, self.group, self.namespace, self.name
-            )
-        }
-    }
-}
-
-/// Identity of an Artifact: namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ArtifactKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ArtifactKey {
-    /// The key of `artifact`; `None` when it has no namespace or name (never
-    /// the case for stored objects).
-    pub fn of(artifact: &Artifact) -> Option<Self> {
-        Some(Self {
-            namespace: artifact.metadata.namespace.clone()?,
-            name: artifact.metadata.name.clone()?,
-        })
-    }
-}
-
-impl fmt::Display for ArtifactKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// The controller owner of an Artifact.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Owner {
-    pub source: SourceKey,
-    /// `apiVersion` as written in the ownerReference.
-    pub api_version: String,
-    pub uid: String,
-}
-
-/// What the index keeps of one Artifact.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IndexedArtifact {
-    pub key: ArtifactKey,
-    pub uid: String,
-    pub owner: Option<Owner>,
-    /// Creation time as the API server wrote it (RFC 3339, seconds, UTC:
-    /// its text order is its time order).
-    pub created: Option<String>,
-    /// Whether the producer labelled it its source's default Artifact.
-    pub labelled_default: bool,
-}
-
-impl IndexedArtifact {
-    /// Reads the fields the index needs from an Artifact object; `None` when
-    /// the object has no namespace or name (never the case for stored objects).
-    pub fn from_artifact(artifact: &Artifact) -> Option<Self> {
-        let key = ArtifactKey::of(artifact)?;
-        let namespace = key.namespace.clone();
-        let owner = artifact.controller_owner().map(|o| {
-            let (group, _) = split_api_version(&o.api_version);
-            Owner {
-                source: SourceKey {
-                    group: group.to_string(),
-                    kind: o.kind.clone(),
-                    namespace: namespace.clone(),
-                    name: o.name.clone(),
-                },
-                api_version: o.api_version.clone(),
-                uid: o.uid.clone(),
-            }
-        });
-        Some(Self {
-            key,
-            uid: artifact.uid().unwrap_or_default(),
-            owner,
-            created: artifact
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.to_string()),
-            labelled_default: artifact
-                .labels()
-                .get(DEFAULT_ARTIFACT_LABEL)
-                .is_some_and(|v| v == "true"),
-        })
-    }
-}
-
 /// One change to the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexChange {
@@ -268,6 +162,19 @@ impl OwnerIndex {
         }
     }
 
+    /// Records the trust check's verdict on the Artifact `key` whose uid is
+    /// `uid` (ignored when the index holds another object of that name);
+    /// returns whether it changed.
+    pub fn record_verdict(&mut self, key: &ArtifactKey, uid: &str, trusted: bool) -> bool {
+        match self.artifacts.get_mut(key) {
+            Some(entry) if entry.uid == uid && entry.untrusted == trusted => {
+                entry.untrusted = !trusted;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// One Artifact by namespace and name.
     pub fn artifact(&self, namespace: &str, name: &str) -> Option<&IndexedArtifact> {
         self.artifacts.get(&ArtifactKey {
@@ -335,12 +242,16 @@ impl OwnerIndex {
     }
 
     /// The default Artifact of a source: the one that fills the source's
-    /// export (see [`identity::default_artifact`]).
+    /// export (see [`identity::default_artifact`]), among its Artifacts the
+    /// trust check did not refuse: an Artifact whose writer may not speak
+    /// for the source, labelled default or older, neither takes the export
+    /// nor keeps it from the source's own Artifacts.
     pub fn default_of(&self, source: &SourceKey) -> Option<&IndexedArtifact> {
         let names = self.by_source.get(source)?;
         let candidates: Vec<Candidate<&str>> = names
             .iter()
             .filter_map(|n| self.artifact(&source.namespace, n))
+            .filter(|a| !a.untrusted)
             .map(|a| Candidate {
                 name: a.key.name.clone(),
                 created: a.created.as_deref(),
@@ -399,6 +310,7 @@ fn kind_key(source: &SourceKey) -> (String, String, String) {
 mod tests {
     use super::*;
     use crate::api::ArtifactSpec;
+    use crate::identity::DEFAULT_ARTIFACT_LABEL;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn artifact(ns: &str, name: &str, owner: Option<(&str, &str, &str, &str)>) -> Artifact {
@@ -592,5 +504,65 @@ mod tests {
         );
         assert_eq!(idx.counts_by_owner_kind().get("HttpSource"), Some(&2));
         assert_eq!(idx.counts_by_owner_kind().get(""), Some(&1));
+    }
+
+    /// An Artifact the trust check refused, labelled default (or older),
+    /// neither takes its source's export nor keeps it from the source's own
+    /// Artifact; the verdict counts whether the export controller recorded it
+    /// or the Artifact's `Ready` condition carries it.
+    #[test]
+    fn a_refused_artifact_is_never_its_sources_default() {
+        let owner = Some((HTTP, "HttpSource", "web", "u1"));
+        let web = "web.httpsource.sources.openflux.dev";
+        let key = |name: &str| ArtifactKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        };
+        let mut forged = artifact("ns", "forged", owner);
+        forged.metadata.labels =
+            Some([(DEFAULT_ARTIFACT_LABEL.to_string(), "true".to_string())].into());
+        let genuine = artifact("ns", "genuine", owner);
+        let mut idx = OwnerIndex::new();
+        idx.apply(&forged);
+        idx.apply(&genuine);
+        let name_of =
+            |idx: &OwnerIndex, name: &str| idx.export_name(idx.artifact("ns", name).unwrap());
+        // Not checked yet: the label decides.
+        assert_eq!(name_of(&idx, "forged"), web);
+        assert_eq!(name_of(&idx, "genuine"), "genuine.artifact.openflux.dev");
+        // Refused: the source's own Artifact gets the export.
+        assert!(idx.record_verdict(&key("forged"), "uid-ns-forged", false));
+        assert!(!idx.record_verdict(&key("forged"), "uid-ns-forged", false));
+        assert_eq!(name_of(&idx, "genuine"), web);
+        assert_eq!(name_of(&idx, "forged"), "forged.artifact.openflux.dev");
+        // A verdict on another object of that name is not this one's.
+        assert!(!idx.record_verdict(&key("genuine"), "uid-elsewhere", false));
+        assert_eq!(name_of(&idx, "genuine"), web);
+        // After a restart the verdict comes from the Artifact's condition.
+        forged.status = serde_json::from_value(serde_json::json!({"conditions": [{
+            "type": "Ready", "status": "False", "reason": "Untrusted", "message": "refused",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}))
+        .unwrap();
+        let mut idx = OwnerIndex::new();
+        idx.reset([&forged, &genuine].map(|a| IndexedArtifact::from_artifact(a).unwrap()));
+        assert!(idx.artifact("ns", "forged").unwrap().untrusted);
+        assert_eq!(name_of(&idx, "genuine"), web);
+        // Written again by someone who may speak for the source: trusted,
+        // and its label counts again.
+        assert!(idx.record_verdict(&key("forged"), "uid-ns-forged", true));
+        assert_eq!(name_of(&idx, "forged"), web);
+        // Every Artifact refused: none is the default (none is exported).
+        idx.record_verdict(&key("forged"), "uid-ns-forged", false);
+        idx.record_verdict(&key("genuine"), "uid-ns-genuine", false);
+        assert!(idx
+            .default_of(
+                &idx.artifact("ns", "genuine")
+                    .unwrap()
+                    .owner
+                    .clone()
+                    .unwrap()
+                    .source
+            )
+            .is_none());
     }
 }

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use support::exports::{reference_to, source_revision, wait_export};
+use support::identity::acting_as;
 use support::openflux::publish;
 use support::webhook::openflux_with_webhook;
 use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
@@ -285,8 +286,10 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         .apply(&owned_artifact(&n, "web", "web", &uid, &spec))
         .await
         .expect("writing the Artifact");
-    // What an earlier release left: its export and a rewritten consumer.
-    env.apply(&json!({
+    // What an earlier release left: its export (which only openflux may
+    // write) and a rewritten consumer.
+    let openflux = acting_as(&env, "openflux-system", "openflux");
+    support::apply(&openflux, &json!({
         "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact",
         "metadata": {"name": "testsource-web", "namespace": n,
                      "labels": {"app.kubernetes.io/managed-by": "openflux"},
@@ -400,17 +403,64 @@ async fn flux_trace_names_the_custom_source() {
     ns.delete().await;
 }
 
-/// A client acting as ServiceAccount `name` of `ns` (the test's admin
-/// impersonates it).
-fn acting_as(env: &Env, ns: &str, name: &str) -> kube::Client {
-    let mut config = env.config.clone();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{name}"));
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".into(),
-        format!("system:serviceaccounts:{ns}"),
-        "system:authenticated".into(),
-    ]);
-    kube::Client::try_from(config).expect("an impersonating client")
+/// ServiceAccounts `intruder`, who may write Artifacts in `ns`, and
+/// `producer`, who may also update the status of TestSources (as a source's
+/// controller may).
+async fn intruder_and_producer(env: &Env, ns: &str) {
+    let artifacts_rule = json!({"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
+                               "verbs": ["get", "list", "create", "patch", "update"]});
+    let status_rule = json!({"apiGroups": [TEST_GROUP], "resources": ["testsources/status"],
+                            "verbs": ["update", "patch"]});
+    let rbac = "rbac.authorization.k8s.io/v1";
+    for (who, rules) in [
+        ("intruder", json!([artifacts_rule])),
+        ("producer", json!([artifacts_rule, status_rule])),
+    ] {
+        for obj in [
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": who, "namespace": ns}}),
+            json!({"apiVersion": rbac, "kind": "Role",
+                   "metadata": {"name": who, "namespace": ns}, "rules": rules}),
+            json!({"apiVersion": rbac, "kind": "RoleBinding",
+                   "metadata": {"name": who, "namespace": ns},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
+                   "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": ns}]}),
+        ] {
+            env.apply(&obj).await.expect("the writers' RBAC");
+        }
+    }
+}
+
+/// ServiceAccount `who` writes Artifact `name` for TestSource `source`
+/// (uid `uid`), carrying a ConfigMap whose value is `who`, with `labels`.
+async fn write_as(
+    env: &Env,
+    ns: &str,
+    who: &str,
+    name: &str,
+    source: &str,
+    uid: &str,
+    labels: Option<Value>,
+) {
+    let spec = publish(
+        env.fixtures(),
+        ns,
+        name,
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml(who))],
+    );
+    let mut artifact = owned_artifact(ns, name, source, uid, &spec);
+    if let Some(labels) = labels {
+        artifact["metadata"]["labels"] = labels;
+    }
+    let client = acting_as(env, ns, who);
+    // RBAC bindings take a moment to apply: retry until written.
+    wait_for(&format!("{who} to write Artifact {name}"), TIMEOUT, || {
+        let client = client.clone();
+        let artifact = artifact.clone();
+        async move { support::apply(&client, &artifact).await.ok() }
+    })
+    .await;
 }
 
 /// An Artifact counts for a source only when its writer may update that
@@ -424,49 +474,10 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
     let ns = env.namespace("trust").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    let artifacts_rule = json!({"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
-                               "verbs": ["get", "list", "create", "patch", "update"]});
-    let status_rule = json!({"apiGroups": [TEST_GROUP], "resources": ["testsources/status"],
-                            "verbs": ["update", "patch"]});
-    for (who, rules) in [
-        ("intruder", json!([artifacts_rule])),
-        ("producer", json!([artifacts_rule, status_rule])),
-    ] {
-        env.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                          "metadata": {"name": who, "namespace": n}}))
-            .await
-            .expect("ServiceAccount");
-        env.apply(
-            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                          "metadata": {"name": who, "namespace": n}, "rules": rules}),
-        )
-        .await
-        .expect("Role");
-        env.apply(&json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                          "metadata": {"name": who, "namespace": n},
-                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
-                          "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": n}]}))
-            .await
-            .expect("RoleBinding");
-    }
+    intruder_and_producer(&env, &n).await;
     for (who, source) in [("intruder", "victim"), ("producer", "own")] {
         let uid = test_source(&env, &n, source).await;
-        let spec = publish(
-            env.fixtures(),
-            &n,
-            source,
-            "v1",
-            &[("configmap.yaml", &support::configmap_yaml(who))],
-        );
-        let artifact = owned_artifact(&n, source, source, &uid, &spec);
-        let client = acting_as(&env, &n, who);
-        // RBAC bindings take a moment to apply: retry until written.
-        wait_for(&format!("{who} to write the Artifact"), TIMEOUT, || {
-            let client = client.clone();
-            let artifact = artifact.clone();
-            async move { support::apply(&client, &artifact).await.ok() }
-        })
-        .await;
+        write_as(&env, &n, who, source, source, &uid, None).await;
     }
     let untrusted = wait_for("the intruder's Artifact to be refused", TIMEOUT, || async {
         let a = env.find(ARTIFACT, "Artifact", &n, "victim").await?;
@@ -500,6 +511,53 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
     assert!(
         writer.contains(&format!("system:serviceaccount:{n}:producer")),
         "{writer}"
+    );
+    ns.delete().await;
+}
+
+/// A forged Artifact for someone else's source, older than the genuine one
+/// and labelled the source's default, neither takes the source's export nor
+/// keeps the source's own Artifact from it: a consumer of the source
+/// deploys the producer's content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_default_artifact_does_not_block_the_sources_own() {
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("forged-default").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    intruder_and_producer(&env, &n).await;
+    let uid = test_source(&env, &n, "app").await;
+    let default = json!({"openflux.dev/default-artifact": "true"});
+    write_as(&env, &n, "intruder", "forged", "app", &uid, Some(default)).await;
+    wait_for("the forged Artifact to be refused", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "forged").await?;
+        (ready_condition(&a)?.1 == "Untrusted").then_some(())
+    })
+    .await;
+    write_as(&env, &n, "producer", "app", "app", &uid, None).await;
+    let source_export = format!("app.testsource.{TEST_GROUP}");
+    let (_, export) = wait_export(&env, &n, "app", |e| e.name_any() == source_export).await;
+    env.apply(&kustomization(
+        &n,
+        "app",
+        json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "app"}),
+    ))
+    .await
+    .expect("creating the Kustomization");
+    wait_configmap(&env, &n, "app-config", "producer").await;
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", &n, "app")
+        .await
+        .expect("the Kustomization");
+    assert_eq!(field(&ks, "/spec/sourceRef"), Some(&reference_to(&export)));
+    let forged = env
+        .find(ARTIFACT, "Artifact", &n, "forged")
+        .await
+        .expect("the forged Artifact");
+    assert_eq!(
+        ready_condition(&forged).map(|c| c.1).as_deref(),
+        Some("Untrusted")
     );
     ns.delete().await;
 }

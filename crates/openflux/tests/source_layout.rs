@@ -32,6 +32,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("locks", Layer::Api),
     ("naming", Layer::Pure),
     ("index", Layer::Pure),
+    ("index::entry", Layer::Pure),
     ("mirror::plan", Layer::Pure),
     ("export::plan", Layer::Pure),
     ("export::events", Layer::Pure),

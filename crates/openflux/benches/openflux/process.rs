@@ -41,7 +41,9 @@ impl Openflux {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        if let Some(kc) = &env.kubeconfig {
+        // As openflux's own identity where the control plane has one: the
+        // admission policy on exports lets only that identity write them.
+        if let Some(kc) = crate::support::identity::openflux_kubeconfig(env) {
             cmd.env("KUBECONFIG", kc);
         }
         let started = Instant::now();

@@ -123,7 +123,16 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             conditions: vec![ready(artifact, ok, reason, message)],
         };
 
-    if let Verdict::Untrusted(msg) = ctx.verifier.check(artifact).await? {
+    let verdict = ctx.verifier.check(artifact).await?;
+    // The default rule weighs only Artifacts the check did not refuse: the
+    // index learns the verdict before this Artifact's export name is taken
+    // from it (its status carries it to the other replicas and restarts).
+    locks::write(&ctx.index).record_verdict(
+        &indexed.key,
+        &indexed.uid,
+        verdict == Verdict::Trusted,
+    );
+    if let Verdict::Untrusted(msg) = verdict {
         exporter
             .set_status(artifact, status(false, reason::UNTRUSTED, &msg, None))
             .await?;

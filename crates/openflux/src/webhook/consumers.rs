@@ -3,9 +3,15 @@
 //! One row a consumer kind: which field holds its source reference(s), which
 //! stock kinds that field accepts, and whether the reference type has an
 //! `apiVersion` field at all. The webhook's decision and the `matchConditions`
-//! of the webhook configuration are both derived from this table.
+//! of the webhook configuration are both derived from this table and from
+//! one rule, [`RefField::is_stock`]: a reference names a stock source when
+//! its kind is one of Flux's source kinds and its `apiVersion` is absent,
+//! empty, or of Flux's source API group. The table of cases in
+//! `tests/fixtures/source-references.json` holds both to it: the decision in
+//! `webhook::rewrite` unit tests, the expressions on a real API server in
+//! `e2e_policy`.
 
-use crate::api::{split_api_version, StockSource, FLUX_SOURCE_GROUP};
+use crate::api::{StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
 
 /// How the references sit in the consumer's object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,13 +201,27 @@ impl RefField {
         let kinds: Vec<&str> = self.stock_kinds.iter().map(|s| s.kind).collect();
         kinds.join(", ")
     }
+
+    /// Whether a reference in this field names a stock Flux source, which
+    /// openflux leaves alone (and its webhook configuration never sends it).
+    /// Where the reference type has no `apiVersion`, the API server drops
+    /// one, so only the kind counts.
+    pub fn is_stock(&self, api_version: Option<&str>, kind: &str) -> bool {
+        is_stock_ref(api_version.filter(|_| self.has_api_version), kind)
+    }
 }
 
-/// Whether a reference names a stock Flux source kind: one of the kinds of
-/// [`FLUX_SOURCE_GROUP`], with that group's apiVersion or with none.
+/// Whether a reference names a stock Flux source: one of Flux's source
+/// kinds (whichever fields take it), with an `apiVersion` that is absent,
+/// empty (Flux reads an empty one as absent) or of [`FLUX_SOURCE_GROUP`].
+/// Written as the CEL of [`match_condition`] tests it.
 pub fn is_stock_ref(api_version: Option<&str>, kind: &str) -> bool {
     StockSource::by_kind(kind).is_some()
-        && api_version.is_none_or(|v| split_api_version(v).0 == FLUX_SOURCE_GROUP)
+        && api_version.is_none_or(|v| {
+            v.is_empty()
+                || v.strip_prefix(FLUX_SOURCE_GROUP)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
 }
 
 /// The CEL expression that lets a request of `consumer` reach the webhook:
@@ -227,8 +247,8 @@ fn field_condition(field: &RefField) -> String {
     for depth in 2..=field.path.len() {
         guards.push(format!("has(object.{})", field.path[..depth].join(".")));
     }
-    let kinds = field
-        .stock_kinds
+    // Every stock kind, as in is_stock_ref.
+    let kinds = STOCK_SOURCES
         .iter()
         .map(|s| format!("'{}'", s.kind))
         .collect::<Vec<_>>()
@@ -237,7 +257,7 @@ fn field_condition(field: &RefField) -> String {
     let custom = |r: &str| {
         if field.has_api_version {
             format!(
-                "has({r}.kind) && !({r}.kind in [{kinds}] && (!has({r}.apiVersion) || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/')))"
+                "has({r}.kind) && !({r}.kind in [{kinds}] && (!has({r}.apiVersion) || {r}.apiVersion == '' || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/')))"
             )
         } else {
             format!("has({r}.kind) && !({r}.kind in [{kinds}])")
@@ -286,6 +306,20 @@ mod tests {
             Some("source.toolkit.fluxcd.io/v1"),
             "HttpSource"
         ));
+        // Empty is absent, as for Flux.
+        assert!(is_stock_ref(Some(""), "Bucket"));
+        assert!(!is_stock_ref(Some("source.toolkit.fluxcd.io"), "Bucket"));
+        assert!(!is_stock_ref(
+            Some("source.toolkit.fluxcd.iox/v1"),
+            "Bucket"
+        ));
+        // A field without apiVersion: the kind alone counts.
+        let sources = find("source.extensions.fluxcd.io", "artifactgenerators")
+            .unwrap()
+            .refs;
+        assert!(sources.is_stock(Some("example.com/v1"), "GitRepository"));
+        let source_ref = CONSUMERS[0].refs;
+        assert!(!source_ref.is_stock(Some("example.com/v1"), "GitRepository"));
     }
 
     #[test]

@@ -19,6 +19,15 @@ pub fn kubeconfig(env: &Env) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The kubeconfig openflux runs with: its own identity on the local
+/// control plane (see `openflux_testkit::identity`).
+pub fn openflux_kubeconfig(env: &Env) -> Vec<u8> {
+    match openflux_testkit::identity::openflux_kubeconfig(env) {
+        Some(path) => std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        None => kubeconfig(env),
+    }
+}
+
 /// The shipped local webhook configuration, pointed at `addr` and limited
 /// to namespace `ns`.
 pub async fn webhook_configuration(env: &Env, ns: &str, addr: SocketAddr) -> Webhook {

@@ -20,7 +20,7 @@ use std::process::Command;
 
 use archive::{archives, Image};
 use dockerfile::dockerfile_stage;
-use fixtures::{download, kubeconfig, webhook_configuration, HttpsServer};
+use fixtures::{download, kubeconfig, openflux_kubeconfig, webhook_configuration, HttpsServer};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::Api;
 use kube::ResourceExt;
@@ -139,7 +139,7 @@ async fn openflux_image_serves_the_webhook_and_exports_a_custom_source() {
 
     let (webhook_addr, metrics, health) = (free_addr(), free_addr(), free_addr());
     let webhook = webhook_configuration(&env, &n, webhook_addr).await;
-    let kubeconfig = image.mount_file("/etc/openflux/kubeconfig", &kubeconfig(&env));
+    let kubeconfig = image.mount_file("/etc/openflux/kubeconfig", &openflux_kubeconfig(&env));
     let args = [
         "run".to_string(),
         format!("--kubeconfig={kubeconfig}"),

@@ -158,7 +158,7 @@ impl<'a> Decider<'a> {
         if let Some(forbidden) = &self.consumer.forbidden {
             for found in locate(self.object, &forbidden.field, &self.display)? {
                 let r = self.parse_ref(&found)?;
-                if !is_stock_ref(r.api_version.as_deref(), &r.kind) {
+                if !forbidden.field.is_stock(r.api_version.as_deref(), &r.kind) {
                     return Err(Decision::Deny {
                         message: format!(
                             "openflux: {} cannot take {} {} in {}: {}.",
@@ -222,7 +222,11 @@ impl<'a> Decider<'a> {
         found: &Located<'_>,
     ) -> Result<Option<Rewritten>, Decision> {
         let mut r = self.parse_ref(found)?;
-        if is_stock_ref(r.api_version.as_deref(), &r.kind) {
+        if !field.has_api_version {
+            // The API server drops it; the kind alone counts.
+            r.api_version = None;
+        }
+        if field.is_stock(r.api_version.as_deref(), &r.kind) {
             return Ok(None);
         }
         if r.group() == Some(FLUX_SOURCE_GROUP) {

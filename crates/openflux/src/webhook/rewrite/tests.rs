@@ -761,3 +761,35 @@ fn the_annotation_key_is_escaped_in_patches() {
         "{text}"
     );
 }
+
+/// The table of source references shared with the webhook configuration's
+/// end-to-end test (`e2e_policy`): openflux acts on exactly the references
+/// the table sends it, and leaves every other one as it is.
+#[test]
+fn the_decision_follows_the_table_of_source_references() {
+    let mut index = OwnerIndex::new();
+    index.reset([]);
+    for case in openflux_testkit::references::source_reference_cases() {
+        let consumer = consumers::CONSUMERS
+            .iter()
+            .find(|c| c.kind == case.consumer)
+            .unwrap_or_else(|| panic!("{case}: not a consumer"));
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u1",
+                "kind": {"group": consumer.group, "version": consumer.version, "kind": consumer.kind},
+                "resource": {"group": consumer.group, "version": consumer.version, "resource": consumer.resource},
+                "namespace": "apps", "name": "case", "operation": "CREATE",
+                "userInfo": {"username": "someone"},
+                "object": case.object("apps", "case"),
+            }
+        });
+        let decision = decide_with(&request(&review), &index, &opts());
+        assert_eq!(
+            !matches!(decision, Decision::Unchanged),
+            case.openflux,
+            "{case}: {decision:?}"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Who the processes of a test act as.
+//!
+//! On the local control plane openflux runs under a client certificate of
+//! its own (`system:serviceaccount:openflux-system:openflux`), bound by
+//! exactly the shipped `manifests/rbac.yaml`, so the end-to-end tests prove
+//! that RBAC and the admission policy on openflux's exports
+//! (`webhook-config/externalartifact-policy.yaml`). A test runs openflux in
+//! a namespace of its own and behind a webhook configuration of its own:
+//! [`grant_runtime_namespace`] and [`grant_webhook_configuration`] give
+//! those the rights the shipped RBAC gives `openflux-system` and the
+//! configuration named `openflux`, taken from the same file.
+//!
+//! Tests that act as someone else (a producer, an intruder) impersonate a
+//! ServiceAccount with [`acting_as`]; the test's own client stays the
+//! cluster admin.
+
+use std::path::PathBuf;
+
+use serde::Deserialize as _;
+use serde_json::{json, Value};
+
+use crate::Env;
+
+/// The user openflux acts as in a cluster (its ServiceAccount).
+pub const OPENFLUX_USER: &str = "system:serviceaccount:openflux-system:openflux";
+
+/// The namespace the shipped manifests install openflux into.
+pub const OPENFLUX_NAMESPACE: &str = "openflux-system";
+
+/// The shipped RBAC of openflux.
+const RBAC: &str = include_str!("../../../manifests/rbac.yaml");
+
+/// The documents of the shipped `manifests/rbac.yaml`.
+pub fn shipped_rbac() -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(RBAC)
+        .map(|doc| Value::deserialize(doc).expect("manifests/rbac.yaml is YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// The kubeconfig openflux runs with: on the local control plane its own
+/// identity (`e2e/cluster env` prints it as
+/// `OPENFLUX_E2E_OPENFLUX_KUBECONFIG`), else the test's kubeconfig (`None`:
+/// the `KUBECONFIG` of the environment).
+pub fn openflux_kubeconfig(env: &Env) -> Option<PathBuf> {
+    env.vars
+        .get("OPENFLUX_E2E_OPENFLUX_KUBECONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env.kubeconfig.clone())
+}
+
+/// The shipped Roles of openflux's own namespace (the leader election
+/// Lease) and their bindings, placed in `ns`, where a test runs openflux
+/// (`--namespace=<ns>`). Removed with the namespace.
+pub async fn grant_runtime_namespace(env: &Env, ns: &str) {
+    for mut doc in shipped_rbac() {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        if !matches!(kind.as_str(), "Role" | "RoleBinding")
+            || doc["metadata"]["namespace"] != OPENFLUX_NAMESPACE
+        {
+            continue;
+        }
+        doc["metadata"]["namespace"] = json!(ns);
+        env.apply(&doc)
+            .await
+            .unwrap_or_else(|e| panic!("granting openflux its {kind} in {ns}: {e:#}"));
+    }
+}
+
+/// The shipped rule on openflux's MutatingWebhookConfiguration (which
+/// names the configuration `openflux`), for the configuration `name`
+/// instead: a ClusterRole and ClusterRoleBinding owned by that
+/// configuration (`uid`), so they go with it.
+pub async fn grant_webhook_configuration(env: &Env, name: &str, uid: &str) {
+    let mut rule = shipped_rbac()
+        .iter()
+        .filter(|doc| doc["kind"] == "ClusterRole" && doc["metadata"]["name"] == "openflux")
+        .flat_map(|doc| doc["rules"].as_array().cloned().unwrap_or_default())
+        .find(|rule| {
+            rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("mutatingwebhookconfigurations")))
+        })
+        .expect("manifests/rbac.yaml grants openflux its MutatingWebhookConfiguration");
+    rule["resourceNames"] = json!([name]);
+    let owner = json!([{"apiVersion": "admissionregistration.k8s.io/v1",
+                        "kind": "MutatingWebhookConfiguration", "name": name, "uid": uid}]);
+    let (sa_namespace, sa_name) = OPENFLUX_USER
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("a ServiceAccount user");
+    for doc in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": name, "ownerReferences": owner}, "rules": [rule]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name, "ownerReferences": owner},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_namespace}]}),
+    ] {
+        env.apply(&doc).await.unwrap_or_else(|e| {
+            panic!("granting openflux the webhook configuration {name}: {e:#}")
+        });
+    }
+}
+
+/// A client acting as ServiceAccount `name` of `ns` (the test's admin
+/// impersonates it, with the groups a ServiceAccount token carries).
+pub fn acting_as(env: &Env, ns: &str, name: &str) -> kube::Client {
+    let mut config = env.config.clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{ns}:{name}"));
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".into(),
+    ]);
+    kube::Client::try_from(config).expect("an impersonating client")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_rbac_names_openflux_in_its_namespace() {
+        let docs = shipped_rbac();
+        let (ns, name) = OPENFLUX_USER
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|r| r.split_once(':'))
+            .unwrap();
+        assert_eq!(ns, OPENFLUX_NAMESPACE);
+        assert!(docs.iter().any(|d| d["kind"] == "ServiceAccount"
+            && d["metadata"]["name"] == name
+            && d["metadata"]["namespace"] == ns));
+        // Every binding names openflux's ServiceAccount.
+        for binding in docs
+            .iter()
+            .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+        {
+            assert_eq!(
+                binding["subjects"],
+                json!([{"kind": "ServiceAccount", "name": name, "namespace": ns}]),
+                "{binding}"
+            );
+        }
+        assert!(docs
+            .iter()
+            .any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns));
+    }
+}

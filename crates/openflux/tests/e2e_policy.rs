@@ -1,0 +1,524 @@
+//! End to end: the shipped admission policy on openflux's exports
+//! (`webhook-config/externalartifact-policy.yaml`, installed by
+//! `e2e/cluster up`) on the local control plane, where openflux, the Flux
+//! controllers and the controller manager each act as themselves.
+//!
+//! A user with every right on ExternalArtifacts and OCIRepositories cannot
+//! create, change or delete an export, nor put openflux's label on an
+//! object; the garbage collector still removes or orphans the exports of a
+//! deleted Artifact, and source-controller still keeps its finalizer on a
+//! shadow.
+//!
+//! And the other half of the empty-apiVersion rule: the API server, running
+//! the shipped webhook configuration's `matchConditions`, sends a recording
+//! endpoint exactly the consumer objects the table of source references
+//! (`tests/fixtures/source-references.json`) says openflux acts on; the
+//! webhook's decision is held to the same table by a unit test.
+
+use openflux_testkit as support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use support::exports::wait_export;
+use support::identity::acting_as;
+use support::openflux::{publish, Openflux};
+use support::{cluster, wait_for, Env, TIMEOUT};
+
+const ARTIFACT: &str = "openflux.dev/v1alpha1";
+const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
+const TEST_GROUP: &str = "policy.e2e.openflux.dev";
+const TEST_SOURCE: &str = "policy.e2e.openflux.dev/v1";
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// What the policy's message says on every refusal.
+const REFUSED: &str = "is managed by openflux";
+/// source-controller's finalizer.
+const SOURCE_FINALIZER: &str = "finalizers.fluxcd.io";
+
+async fn install(env: &Env) {
+    support::install_artifact_crd(env).await;
+    support::install_test_source_crd(env, TEST_GROUP).await;
+    support::wait_established(
+        env,
+        &[
+            "artifacts.openflux.dev",
+            &format!("testsources.{TEST_GROUP}"),
+        ],
+    )
+    .await;
+}
+
+/// openflux for `ns`, exporting as `export` (`external-artifact` or
+/// `shadow`); no webhook, so every Artifact is trusted.
+async fn start(env: &Env, ns: &str, export: &str) -> Openflux {
+    Openflux::start(
+        env,
+        ns,
+        &[
+            "--watch-all-namespaces=false",
+            &format!("--namespace={ns}"),
+            &format!("--export={export}"),
+            &format!("--webhook-addr={}", support::openflux::free_addr()),
+        ],
+    )
+    .await
+}
+
+/// A custom source `name` with an Artifact of the same name owned by it;
+/// waits until it is exported and returns the Artifact and its export.
+async fn exported(env: &Env, ns: &str, name: &str) -> (DynamicObject, DynamicObject) {
+    let source = env
+        .apply(&json!({
+            "apiVersion": TEST_SOURCE, "kind": "TestSource",
+            "metadata": {"name": name, "namespace": ns}, "spec": {}
+        }))
+        .await
+        .expect("creating the custom source");
+    let spec = publish(
+        env.fixtures(),
+        ns,
+        name,
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml(name))],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": name, "namespace": ns, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": name,
+             "uid": source.uid().expect("uid"), "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+    wait_export(env, ns, name, |_| true).await
+}
+
+/// ServiceAccount `editor` of `ns`, which may do anything with
+/// ExternalArtifacts and OCIRepositories (and their status) in `ns`.
+async fn editor(env: &Env, ns: &str) -> kube::Client {
+    let rbac = "rbac.authorization.k8s.io/v1";
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "editor", "namespace": ns}}),
+        json!({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "editor", "namespace": ns},
+               "rules": [{"apiGroups": ["source.toolkit.fluxcd.io"],
+                          "resources": ["externalartifacts", "externalartifacts/status",
+                                        "ocirepositories", "ocirepositories/status"],
+                          "verbs": ["*"]}]}),
+        json!({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "editor", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "editor"},
+               "subjects": [{"kind": "ServiceAccount", "name": "editor", "namespace": ns}]}),
+    ] {
+        env.apply(&obj).await.expect("the editor's RBAC");
+    }
+    acting_as(env, ns, "editor")
+}
+
+/// An object of `kind` that is not an export: an ExternalArtifact naming a
+/// custom source, or a suspended OCIRepository.
+fn plain(kind: &str, ns: &str, name: &str) -> Value {
+    let spec = if kind == "ExternalArtifact" {
+        json!({"sourceRef": {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": name}})
+    } else {
+        json!({"url": "oci://127.0.0.1:1/none", "interval": "10m", "suspend": true})
+    };
+    json!({"apiVersion": SOURCE, "kind": kind,
+           "metadata": {"name": name, "namespace": ns}, "spec": spec})
+}
+
+/// Asserts that `result` is the policy's refusal.
+fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
+    match result {
+        Err(kube::Error::Api(e)) => {
+            assert!(
+                e.message.contains(REFUSED) && e.message.contains("only openflux may"),
+                "{what}: refused, but not by the policy: {e:?}"
+            );
+        }
+        other => panic!("{what}: not refused: {other:?}"),
+    }
+}
+
+/// A user with every right on ExternalArtifacts and OCIRepositories can
+/// manage objects of their own, but cannot create, change (spec, labels,
+/// status) or delete an export, nor put openflux's label on an object;
+/// openflux keeps the export as it was. Both export kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_openflux_creates_changes_or_deletes_an_export() {
+    let env = cluster().await;
+    install(&env).await;
+    for (mode, kind) in [
+        ("external-artifact", "ExternalArtifact"),
+        ("shadow", "OCIRepository"),
+    ] {
+        let ns = env.namespace("policy").await;
+        let n = ns.name().to_string();
+        let _of = start(&env, &n, mode).await;
+        let (_, export) = exported(&env, &n, "web").await;
+        assert_eq!(export.types.as_ref().map(|t| t.kind.as_str()), Some(kind));
+        let name = export.name_any();
+        let user = editor(&env, &n).await;
+        let (api, _) = support::dynamic_api(&user, SOURCE, kind, Some(&n))
+            .await
+            .expect("discovery");
+        // The user's own object: RBAC allows it (bindings take a moment).
+        let own: DynamicObject = serde_json::from_value(plain(kind, &n, "own")).expect("an object");
+        wait_for(&format!("the editor to create a {kind}"), TIMEOUT, || {
+            let (api, own) = (api.clone(), own.clone());
+            async move { api.create(&PostParams::default(), &own).await.ok() }
+        })
+        .await;
+
+        let spec_change = if kind == "ExternalArtifact" {
+            json!({"spec": {"sourceRef": {"name": "elsewhere"}}})
+        } else {
+            json!({"spec": {"suspend": false}})
+        };
+        let merge = |patch: Value| Patch::Merge(patch);
+        let pp = PatchParams::default();
+        assert_refused(
+            "changing the export's spec",
+            api.patch(&name, &pp, &merge(spec_change)).await,
+        );
+        assert_refused(
+            "taking openflux's label off the export",
+            api.patch(
+                &name,
+                &pp,
+                &merge(json!({"metadata": {"labels": {MANAGED_BY: null}}})),
+            )
+            .await,
+        );
+        assert_refused(
+            "adding a label to the export",
+            api.patch(
+                &name,
+                &pp,
+                &merge(json!({"metadata": {"labels": {"team": "x"}}})),
+            )
+            .await,
+        );
+        assert_refused(
+            "writing the export's status",
+            api.patch_status(
+                &name,
+                &pp,
+                &merge(json!({"status": {"artifact": {"url": "http://127.0.0.1:1/forged"}}})),
+            )
+            .await,
+        );
+        assert_refused(
+            "deleting the export",
+            api.delete(&name, &DeleteParams::default()).await,
+        );
+        let mut forged = plain(kind, &n, "forged");
+        forged["metadata"]["labels"] = json!({MANAGED_BY: "openflux"});
+        let forged: DynamicObject = serde_json::from_value(forged).expect("an object");
+        assert_refused(
+            "creating an object with openflux's label",
+            api.create(&PostParams::default(), &forged).await,
+        );
+        assert_refused(
+            "putting openflux's label on the user's own object",
+            api.patch(
+                "own",
+                &pp,
+                &merge(json!({"metadata": {"labels": {MANAGED_BY: "openflux"}}})),
+            )
+            .await,
+        );
+        // The user's own object stays theirs to change and delete.
+        api.patch(
+            "own",
+            &pp,
+            &merge(json!({"metadata": {"labels": {"team": "x"}}})),
+        )
+        .await
+        .expect("labelling the user's own object");
+        api.delete("own", &DeleteParams::default())
+            .await
+            .expect("deleting the user's own object");
+
+        let now = env
+            .find(SOURCE, kind, &n, &name)
+            .await
+            .expect("the export is still there");
+        assert_eq!(now.data["spec"], export.data["spec"]);
+        assert_eq!(
+            now.labels().get(MANAGED_BY).map(String::as_str),
+            Some("openflux")
+        );
+        assert!(env.find(SOURCE, kind, &n, "forged").await.is_none());
+        ns.delete().await;
+    }
+}
+
+/// Deleting an Artifact in the foreground deletes its export first, and
+/// orphaning deletion takes the export's ownerReference off: the garbage
+/// collector does both under the policy (otherwise the Artifact would stay,
+/// held by its deletion finalizer). On a shadow, source-controller keeps
+/// its finalizer, which only it adds and removes. Both export kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_garbage_collector_deletes_or_orphans_exports_with_their_artifact() {
+    let env = cluster().await;
+    install(&env).await;
+    for (mode, kind) in [
+        ("external-artifact", "ExternalArtifact"),
+        ("shadow", "OCIRepository"),
+    ] {
+        let ns = env.namespace("policy-gc").await;
+        let n = ns.name().to_string();
+        let _of = start(&env, &n, mode).await;
+        let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
+            .await
+            .expect("discovery");
+
+        // Foreground: the export goes first, then the Artifact.
+        let (_, export) = exported(&env, &n, "fore").await;
+        let name = export.name_any();
+        if kind == "OCIRepository" {
+            wait_for(
+                "source-controller's finalizer on the shadow",
+                TIMEOUT,
+                || async {
+                    let shadow = env.find(SOURCE, kind, &n, &name).await?;
+                    shadow
+                        .finalizers()
+                        .iter()
+                        .any(|f| f == SOURCE_FINALIZER)
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+        artifacts
+            .delete("fore", &DeleteParams::foreground())
+            .await
+            .expect("deleting the Artifact in the foreground");
+        wait_for(
+            &format!("{kind} {name} and Artifact fore to be deleted"),
+            TIMEOUT,
+            || async {
+                let export = env.find(SOURCE, kind, &n, &name).await;
+                let artifact = env.find(ARTIFACT, "Artifact", &n, "fore").await;
+                (export.is_none() && artifact.is_none()).then_some(())
+            },
+        )
+        .await;
+
+        // Orphaning: the Artifact goes once its export no longer names it.
+        let (artifact, export) = exported(&env, &n, "orphan").await;
+        let (name, uid) = (export.name_any(), artifact.uid().expect("uid"));
+        artifacts
+            .delete("orphan", &DeleteParams::orphan())
+            .await
+            .expect("deleting the Artifact, orphaning its export");
+        wait_for("Artifact orphan to be deleted", TIMEOUT, || async {
+            env.find(ARTIFACT, "Artifact", &n, "orphan")
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        if let Some(export) = env.find(SOURCE, kind, &n, &name).await {
+            assert!(
+                export.owner_references().iter().all(|o| o.uid != uid),
+                "{kind} {name} still names the deleted Artifact"
+            );
+        }
+        ns.delete().await;
+    }
+}
+
+/// A webhook endpoint over HTTPS that admits everything unchanged and
+/// records the name of every object sent to it; stops when dropped.
+struct Recorder {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn recorder() -> Recorder {
+    use openflux::certs::{self, Authority, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY};
+    let ca = Authority::generate(DEFAULT_CA_VALIDITY).expect("a test CA");
+    let issued = ca
+        .issue(
+            &["localhost".into()],
+            &["127.0.0.1".parse().expect("an address")],
+            DEFAULT_CERT_VALIDITY,
+        )
+        .expect("a serving certificate");
+    let material = certs::material_from_pem(
+        issued.cert_pem.as_bytes(),
+        issued.key_pem.as_bytes(),
+        Some(ca.cert_pem.as_bytes()),
+    )
+    .expect("TLS material");
+    let resolver = Arc::new(certs::SwappableCert::new(material.certified));
+    let tls = Arc::new(certs::server_config(resolver).expect("TLS config"));
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let record = seen.clone();
+    let router = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let record = record.clone();
+        async move {
+            let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let request = &review["request"];
+            if let Some(name) = request["object"]["metadata"]["name"].as_str() {
+                record.lock().expect("the record").insert(name.to_string());
+            }
+            axum::Json(json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": request["uid"], "allowed": true}
+            }))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the recorder");
+    let addr = listener.local_addr().expect("address");
+    let task = tokio::spawn(openflux::webhook::server::serve_tls(
+        listener,
+        tls,
+        router,
+        std::future::pending(),
+    ));
+    Recorder {
+        addr,
+        ca_pem: ca.cert_pem.clone(),
+        seen,
+        task,
+    }
+}
+
+/// The shipped webhook configuration's `matchConditions`, run by the API
+/// server, send a webhook exactly the objects the table of source
+/// references says openflux acts on: no stock reference (whatever its
+/// apiVersion: absent, empty or Flux's) and every custom one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_match_conditions_send_openflux_what_the_table_says() {
+    let env = cluster().await;
+    let stacks = support::workspace_root().join("e2e/crds/pulumi-stack.yaml");
+    env.apply_yaml(&std::fs::read_to_string(&stacks).expect("the Stack CRD"))
+        .await
+        .expect("installing the Stack CRD");
+    support::wait_established(
+        &env,
+        &[
+            "stacks.pulumi.com",
+            "kustomizations.kustomize.toolkit.fluxcd.io",
+            "helmreleases.helm.toolkit.fluxcd.io",
+            "artifactgenerators.source.extensions.fluxcd.io",
+        ],
+    )
+    .await;
+    let ns = env.namespace("match-conditions").await;
+    let n = ns.name().to_string();
+    let recorder = recorder().await;
+    let webhook = support::webhook::local_webhook(&env, "openflux-cel", &n, recorder.addr).await;
+    let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(
+        recorder.ca_pem.clone().into_bytes(),
+    ))
+    .expect("the CA bundle");
+    let config = env
+        .get(
+            "admissionregistration.k8s.io/v1",
+            "MutatingWebhookConfiguration",
+            None,
+            &webhook.name,
+        )
+        .await
+        .expect("reading the webhook configuration")
+        .expect("the webhook configuration");
+    let mut webhooks = config.data["webhooks"].clone();
+    for w in webhooks.as_array_mut().expect("webhooks") {
+        w["clientConfig"]["caBundle"] = ca_bundle.clone();
+    }
+    env.apply(&json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": webhook.name}, "webhooks": webhooks,
+    }))
+    .await
+    .expect("setting the CA bundle");
+
+    // The configuration takes effect shortly after it is written: wait
+    // until a case that reaches the webhook is seen.
+    let cases = support::references::source_reference_cases();
+    let probe = cases
+        .iter()
+        .find(|c| c.openflux)
+        .expect("a case for openflux");
+    wait_for(
+        "the webhook configuration to take effect",
+        TIMEOUT,
+        || async {
+            let name = format!("probe-{}", support::unique_name("p"));
+            let _ = dry_run_create(&env, &probe.object(&n, &name)).await;
+            recorder
+                .seen
+                .lock()
+                .expect("the record")
+                .contains(&name)
+                .then_some(())
+        },
+    )
+    .await;
+    let mut wrong = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let name = format!("case-{i}");
+        if let Err(e) = dry_run_create(&env, &case.object(&n, &name)).await {
+            // Refused after admission (for example a custom kind in a
+            // field whose schema lists Flux's kinds): the webhook ran.
+            assert!(
+                matches!(&e, kube::Error::Api(s) if s.code == 422 || s.code == 400),
+                "{case}: {e}"
+            );
+        }
+        let reached = recorder.seen.lock().expect("the record").contains(&name);
+        if reached != case.openflux {
+            wrong.push(format!(
+                "{case}: reached openflux: {reached}, the table says {}",
+                case.openflux
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the matchConditions and the table disagree:\n{}",
+        wrong.join("\n")
+    );
+    drop(webhook);
+    ns.delete().await;
+}
+
+/// A server-side dry-run create of `obj`.
+async fn dry_run_create(env: &Env, obj: &Value) -> Result<DynamicObject, kube::Error> {
+    let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+    let (api, _) = support::dynamic_api(
+        &env.client,
+        obj["apiVersion"].as_str().unwrap_or_default(),
+        obj["kind"].as_str().unwrap_or_default(),
+        Some(ns),
+    )
+    .await
+    .expect("discovery");
+    let object: DynamicObject = serde_json::from_value(obj.clone()).expect("an object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            field_manager: None,
+        },
+        &object,
+    )
+    .await
+}
