@@ -55,6 +55,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("facts", Layer::Pure),
     ("evidence", Layer::Pure),
     ("shadow", Layer::Pure),
+    ("shard", Layer::Pure),
     ("identity", Layer::Pure),
     ("trust", Layer::Pure),
     ("telemetry", Layer::Shell),

@@ -115,6 +115,7 @@ where
         facts: shared.facts.clone(),
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
+        shard: args.shard()?,
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
@@ -129,7 +130,8 @@ where
     let hub = Hub::new(shared.index.clone(), metrics.clone());
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
-        config: scope.config(),
+        // Every shard's webhook answers for the Artifacts of all shards.
+        config: scope.whole(),
         slim: without_managed_fields,
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
@@ -165,7 +167,7 @@ where
             let elector = Elector::new(
                 client.clone(),
                 runtime.watch.runtime_namespace()?,
-                LEADER_ELECTION_ID,
+                &args.lease_name(),
                 leader_election,
             );
             campaign(&elector, &leading, &shutdown, leader_election).await;
