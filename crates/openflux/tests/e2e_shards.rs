@@ -434,3 +434,121 @@ async fn each_source_belongs_to_one_shard_and_every_webhook_answers_for_all() {
     drop((one, main, to_main, to_one, webhook));
     ns.delete().await;
 }
+
+/// The sharding component, from an overlay of `manifests/` as a user writes
+/// it: `kubectl kustomize` renders the main Deployment and one per shard,
+/// with non-overlapping selectors, one webhook Service over all of them,
+/// the same pod spec but for each one's selector, and each its own Lease;
+/// the API server accepts it (server-side dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sharding_component_deploys_a_shard_beside_the_main_one() {
+    let env = cluster().await;
+    let overlay = support::workspace_root()
+        .join("target")
+        .join(unique_name("sharding-overlay"));
+    std::fs::create_dir_all(&overlay).expect("overlay dir");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         resources: [../../manifests]\ncomponents: [../../manifests/components/sharding]\n",
+    )
+    .expect("writing the overlay");
+    let dir = overlay.display().to_string();
+    let out = env.run_kubectl(&["kustomize", &dir], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8_lossy(&out.stdout).to_string();
+    let objects: Vec<Value> = rendered
+        .split("\n---\n")
+        .map(|doc| serde_yaml_ng::from_str(doc).expect("a rendered object"))
+        .collect();
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name} not rendered"))
+            .clone()
+    };
+    let selects = |selector: &Value, labels: &Value| {
+        selector
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+    };
+    let shards = [
+        ("openflux", MAIN),
+        ("openflux-shard1", SHARD1),
+        ("openflux-shard2", "sharding.fluxcd.io/key=shard2"),
+    ];
+    let deployments: Vec<Value> = shards.iter().map(|(n, _)| find("Deployment", n)).collect();
+    let service = find("Service", "openflux-webhook");
+    let pdb = find("PodDisruptionBudget", "openflux");
+    let pod_spec = |d: &Value| {
+        let mut spec = d["spec"]["template"]["spec"].clone();
+        spec["affinity"] = Value::Null;
+        let args = spec["containers"][0]["args"].as_array_mut().expect("args");
+        let selector = args.iter().position(|a| {
+            a.as_str()
+                .is_some_and(|a| a.starts_with("--watch-label-selector="))
+        });
+        let selector = selector.map(|i| args.remove(i));
+        (spec, selector)
+    };
+    let (main_spec, _) = pod_spec(&deployments[0]);
+    let mut leases = std::collections::BTreeSet::new();
+    for (d, (name, selector)) in deployments.iter().zip(shards) {
+        let labels = &d["spec"]["template"]["metadata"]["labels"];
+        // Every replica of every shard answers the webhook.
+        assert!(selects(&service["spec"]["selector"], labels), "{name}");
+        assert!(
+            selects(&pdb["spec"]["selector"]["matchLabels"], labels),
+            "{name}"
+        );
+        // No Deployment's selector takes another's pods.
+        for (other, (other_name, _)) in deployments.iter().zip(shards) {
+            let theirs = &other["spec"]["selector"]["matchLabels"];
+            assert_eq!(
+                selects(theirs, labels),
+                other_name == name,
+                "{other_name} / {name}"
+            );
+        }
+        let (spec, arg) = pod_spec(d);
+        assert_eq!(
+            arg,
+            Some(json!(format!("--watch-label-selector={selector}"))),
+            "{name}"
+        );
+        assert_eq!(
+            spec, main_spec,
+            "{name}'s pod spec differs from the main one's"
+        );
+        assert!(leases.insert(lease_name(LEADER_ELECTION_ID, selector)));
+    }
+    env.apply(&json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "openflux-system"}
+    }))
+    .await
+    .expect("creating openflux-system");
+    let out = env.run_kubectl(&["apply", "-k", &dir, "--dry-run=server"], None);
+    let _ = std::fs::remove_dir_all(&overlay);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "kubectl apply -k --dry-run=server:\n{text}"
+    );
+    for expected in [
+        "deployment.apps/openflux-shard1",
+        "deployment.apps/openflux-shard2",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from:\n{text}");
+    }
+}
