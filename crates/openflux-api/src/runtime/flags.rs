@@ -139,7 +139,7 @@ pub struct WatchArgs {
     #[arg(long, default_value = "true", action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub watch_all_namespaces: bool,
     /// Watch for resources with matching labels e.g.
-    /// 'sharding.fluxcd.io/shard=shard1'.
+    /// 'sharding.fluxcd.io/key=shard1'.
     #[arg(long, default_value = "", value_parser = parse_label_selector)]
     pub watch_label_selector: String,
     /// The runtime namespace: watched when --watch-all-namespaces=false, and

@@ -121,15 +121,15 @@ mod tests {
             "openflux",
             "--watch-all-namespaces=false",
             "--namespace=flux",
-            "--watch-label-selector=sharding.fluxcd.io/shard=shard1",
+            "--watch-label-selector=sharding.fluxcd.io/key=shard1",
         ])
         .unwrap();
         let scope = run.scope().unwrap();
         assert_eq!(scope.namespace.as_deref(), Some("flux"));
-        assert_eq!(scope.labels, "sharding.fluxcd.io/shard=shard1");
+        assert_eq!(scope.labels, "sharding.fluxcd.io/key=shard1");
         assert_eq!(
             scope.config().label_selector.as_deref(),
-            Some("sharding.fluxcd.io/shard=shard1")
+            Some("sharding.fluxcd.io/key=shard1")
         );
         // Watching one namespace needs to know which.
         let no_ns = parsed(&["openflux", "--watch-all-namespaces=false"]).unwrap();
