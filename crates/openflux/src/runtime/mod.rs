@@ -2,7 +2,10 @@
 //!
 //! Every replica watches Artifacts into the owner index (which the webhook
 //! reads) and serves health and metrics; the elected leader also runs the
-//! controllers. The parts:
+//! controllers. With `--watch-label-selector` the replica belongs to a shard
+//! ([`crate::shard`]): its controllers reconcile that shard's objects under
+//! that shard's Lease, while the index still holds every Artifact. The
+//! parts:
 //!
 //! - [`router`]: what one watch event means (pure, tested as a table);
 //! - [`watch`]: the one watcher loop every watched kind runs, and the hub
