@@ -42,6 +42,12 @@ pub const SOURCE_KIND_LABEL: &str = "openflux.dev/source-kind";
 pub const SOURCE_NAME_LABEL: &str = "openflux.dev/source-name";
 /// Label on an exported object naming the Artifact it was exported from.
 pub const ARTIFACT_LABEL: &str = "openflux.dev/artifact";
+/// Flux's sharding label: a controller started with
+/// `--watch-label-selector=sharding.fluxcd.io/key=<shard>` reconciles the
+/// objects carrying it with that value. An Artifact belongs to the shard of
+/// its source: its producer copies this label from the source (the
+/// [`producer`] helpers do), and openflux exports it in that shard.
+pub const SHARD_LABEL: &str = "sharding.fluxcd.io/key";
 /// Annotation the webhook keeps the original source reference in.
 pub const SOURCE_REF_ANNOTATION: &str = "openflux.dev/source-ref";
 

@@ -138,13 +138,16 @@ impl Context {
     }
 }
 
-/// Hash of what should trigger a reconcile: a new generation or a new
-/// `reconcile.fluxcd.io/requestedAt` value (status updates do not).
+/// Hash of what should trigger a reconcile: a new generation, a new
+/// `reconcile.fluxcd.io/requestedAt` value, or a move to another shard (the
+/// Artifact carries the source's `sharding.fluxcd.io/key` label); status
+/// updates do not.
 fn reconcile_trigger(hs: &HttpSource) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     hs.metadata.generation.hash(&mut h);
     hs.annotations().get(REQUESTED_AT_ANNOTATION).hash(&mut h);
+    hs.labels().get(openflux_api::SHARD_LABEL).hash(&mut h);
     Some(h.finish())
 }
 
@@ -315,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn reconciles_on_generation_or_request_only() {
+    fn reconciles_on_generation_request_or_shard_only() {
         let hs = source(serde_json::json!({"url": "https://e.com/a.tgz", "interval": "1m"}));
         let mut with_status = hs.clone();
         with_status.status = Some(HttpSourceStatus {
@@ -331,6 +334,15 @@ mod tests {
         let mut newer = hs.clone();
         newer.metadata.generation = Some(4);
         assert_ne!(reconcile_trigger(&hs), reconcile_trigger(&newer));
+        // Moved to another shard: the Artifact must follow.
+        let mut moved = hs.clone();
+        moved
+            .labels_mut()
+            .insert(openflux_api::SHARD_LABEL.into(), "shard1".into());
+        assert_ne!(reconcile_trigger(&hs), reconcile_trigger(&moved));
+        let mut labelled = hs.clone();
+        labelled.labels_mut().insert("team".into(), "a".into());
+        assert_eq!(reconcile_trigger(&hs), reconcile_trigger(&labelled));
     }
 
     #[test]

@@ -34,6 +34,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use openflux_api::SHARD_LABEL;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use support::openflux::{free_addr, http_get, tail};
@@ -739,6 +740,15 @@ impl World {
             .collect()
     }
 
+    async fn patch_labels(&self, name: &str, labels: serde_json::Value) {
+        let ar = kube::core::ApiResource::from_gvk(&support::gvk(HTTP_SOURCE, "HttpSource"));
+        let api: Api<DynamicObject> = Api::namespaced_with(self.env.client.clone(), self.ns(), &ar);
+        let patch = json!({ "metadata": { "labels": labels } });
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("labelling the HttpSource");
+    }
+
     async fn patch_spec(&self, name: &str, spec: serde_json::Value) {
         let ar = kube::core::ApiResource::from_gvk(&support::gvk(HTTP_SOURCE, "HttpSource"));
         let api: Api<DynamicObject> = Api::namespaced_with(self.env.client.clone(), self.ns(), &ar);
@@ -829,6 +839,15 @@ async fn publishes_an_artifact_and_follows_the_remote() {
         ("HttpSource", "app", Some(true), Some(true))
     );
     assert_eq!(Some(&owner.uid), hs.metadata.uid.as_ref());
+    // Moved to a shard: the Artifact follows its source's shard label, so
+    // that shard's openflux exports it.
+    w.patch_labels("app", json!({ SHARD_LABEL: "shard1" }))
+        .await;
+    wait_for("the Artifact in its source's shard", TIMEOUT, || async {
+        let a = w.artifact("app").await?;
+        (a.metadata.labels?.get(SHARD_LABEL)? == "shard1").then_some(())
+    })
+    .await;
     assert_eq!(text(&artifact, "/spec/revision"), first);
     assert_eq!(text(&artifact, "/spec/digest"), first);
     assert_eq!(

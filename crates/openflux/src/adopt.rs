@@ -19,8 +19,8 @@ use kube::ResourceExt;
 
 use crate::api::{Artifact, ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::identity::source_export_name;
-use crate::naming;
 use crate::trust::{ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
+use crate::{naming, shard};
 
 /// The API groups of Open Flux's Artifact, newest first.
 pub const OPEN_FLUX_GROUPS: [&str; 2] = ["openfluxcd.ocm.software", "openfluxcd.mandelsoft.org"];
@@ -63,10 +63,15 @@ pub fn adopt(group: &str, theirs: &DynamicObject) -> Result<Artifact, String> {
         metadata: ObjectMeta {
             name: Some(adopted_name(group, &name)),
             namespace: Some(namespace),
-            labels: Some(BTreeMap::from([
-                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-                (ADOPTED_FROM_LABEL.to_string(), naming::label_value(group)),
-            ])),
+            labels: Some(
+                BTreeMap::from([
+                    (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                    (ADOPTED_FROM_LABEL.to_string(), naming::label_value(group)),
+                ])
+                .into_iter()
+                .chain(shard::shard_label_of(theirs.labels()))
+                .collect(),
+            ),
             owner_references: Some(vec![owner]),
             annotations: theirs
                 .annotations()
@@ -87,6 +92,7 @@ pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
             .labels()
             .iter()
             .all(|(k, v)| current.labels().get(k) == Some(v))
+        && shard::same_shard(current.labels(), desired.labels())
         && current.annotations().get(ADOPTED_WRITER_ANNOTATION)
             == desired.annotations().get(ADOPTED_WRITER_ANNOTATION)
 }
@@ -136,6 +142,20 @@ mod tests {
         );
         assert_eq!(ours.labels()[ADOPTED_FROM_LABEL], "openfluxcd.ocm.software");
         assert!(up_to_date(&ours, &ours.clone()));
+    }
+
+    #[test]
+    fn the_adopted_artifact_is_in_the_shard_of_theirs() {
+        let key = crate::shard::SHARD_LABEL;
+        let group = "openfluxcd.ocm.software";
+        let mut sharded = theirs(json!([owner(Some(true))]), spec());
+        sharded.labels_mut().insert(key.into(), "shard1".into());
+        let ours = adopt(group, &sharded).unwrap();
+        assert_eq!(ours.labels()[key], "shard1");
+        let main = adopt(group, &theirs(json!([owner(Some(true))]), spec())).unwrap();
+        assert!(!main.labels().contains_key(key));
+        assert!(!up_to_date(&main, &ours));
+        assert!(!up_to_date(&ours, &main));
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub struct Context {
     pub references: Arc<RwLock<References>>,
     /// Whether an Artifact's writer may speak for its source.
     pub verifier: crate::export::verify::Verifier,
+    /// Which Artifacts, sources and consumers this replica's controllers
+    /// reconcile (`--watch-label-selector`; all without one).
+    pub shard: crate::shard::Shard,
 }
 
 impl Context {

@@ -19,6 +19,7 @@ pub mod naming;
 pub mod references;
 pub mod runtime;
 pub mod shadow;
+pub mod shard;
 pub mod small_set;
 pub mod target;
 pub mod telemetry;

@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("facts", Layer::Pure),
     ("evidence", Layer::Pure),
     ("shadow", Layer::Pure),
+    ("shard", Layer::Pure),
     ("identity", Layer::Pure),
     ("small_set", Layer::Api),
     ("trust", Layer::Pure),

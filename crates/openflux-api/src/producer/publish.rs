@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::{Artifact, ArtifactSpec};
+use crate::{Artifact, ArtifactSpec, SHARD_LABEL};
 
 /// Why an Artifact could not be built or written.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +51,9 @@ where
     })
 }
 
-/// The Artifact `name` in the source's namespace, owned by the source.
+/// The Artifact `name` in the source's namespace, owned by the source and
+/// in the source's shard: the source's [`SHARD_LABEL`] is copied, so the
+/// openflux shard that reconciles the source's kind of object exports it.
 pub fn artifact_for<K>(source: &K, name: &str, spec: ArtifactSpec) -> Result<Artifact, PublishError>
 where
     K: Resource<DynamicType = ()>,
@@ -62,6 +64,9 @@ where
     let mut artifact = Artifact::new(name, spec);
     artifact.metadata.namespace = Some(namespace);
     artifact.metadata.owner_references = Some(vec![owner_reference(source)?]);
+    if let Some(shard) = source.labels().get(SHARD_LABEL) {
+        artifact.metadata.labels = Some([(SHARD_LABEL.to_string(), shard.clone())].into());
+    }
     Ok(artifact)
 }
 
@@ -207,6 +212,26 @@ mod tests {
                     "lastUpdateTime": "2023-11-14T22:13:20Z"
                 }
             })
+        );
+    }
+
+    #[test]
+    fn the_artifact_is_in_its_sources_shard() {
+        let unsharded = artifact_for(&source(), "app", spec()).unwrap();
+        assert_eq!(unsharded.metadata.labels, None);
+        let mut sharded = source();
+        sharded.metadata.labels = Some(
+            [
+                (SHARD_LABEL.to_string(), "shard1".to_string()),
+                ("team".to_string(), "a".to_string()),
+            ]
+            .into(),
+        );
+        let artifact = artifact_for(&sharded, "app", spec()).unwrap();
+        assert_eq!(
+            artifact.metadata.labels,
+            Some([(SHARD_LABEL.to_string(), "shard1".to_string())].into()),
+            "only the shard label is copied"
         );
     }
 

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, ValueEnum};
 
+use super::selector::LabelSelector;
 use crate::duration;
 
 /// Flux's common controller flags.
@@ -138,7 +139,7 @@ pub struct WatchArgs {
     #[arg(long, default_value = "true", action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub watch_all_namespaces: bool,
     /// Watch for resources with matching labels e.g.
-    /// 'sharding.fluxcd.io/shard=shard1'.
+    /// 'sharding.fluxcd.io/key=shard1'.
     #[arg(long, default_value = "", value_parser = parse_label_selector)]
     pub watch_label_selector: String,
     /// The runtime namespace: watched when --watch-all-namespaces=false, and
@@ -173,6 +174,11 @@ impl WatchArgs {
                         .into(),
                 )
             })
+    }
+
+    /// `--watch-label-selector`, parsed, to match objects in memory.
+    pub fn label_selector(&self) -> Result<LabelSelector, FlagError> {
+        self.watch_label_selector.parse().map_err(FlagError)
     }
 
     /// The watcher configuration `--watch-label-selector` implies.
@@ -266,105 +272,9 @@ fn parse_events_addr(s: &str) -> Result<String, String> {
 
 /// A label selector as `metav1.ParseToLabelSelector` accepts it: comma
 /// separated `key`, `!key`, `key=value`, `key==value`, `key!=value`,
-/// `key in (a,b)` and `key notin (a,b)`.
+/// `key in (a,b)` and `key notin (a,b)` (see [`LabelSelector`]).
 pub fn parse_label_selector(s: &str) -> Result<String, String> {
-    let invalid = |why: String| format!("invalid label selector {s:?}: {why}");
-    for requirement in split_requirements(s) {
-        check_requirement(requirement.trim()).map_err(invalid)?;
-    }
-    Ok(s.trim().to_string())
-}
-
-/// Splits at the commas outside parentheses.
-fn split_requirements(s: &str) -> Vec<&str> {
-    if s.trim().is_empty() {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn check_requirement(r: &str) -> Result<(), String> {
-    if let Some(key) = r.strip_prefix('!') {
-        return check_key(key.trim());
-    }
-    for op in ["==", "!=", "="] {
-        if let Some((key, value)) = r.split_once(op) {
-            check_key(key.trim())?;
-            return check_value(value.trim());
-        }
-    }
-    for op in [" notin ", " in "] {
-        if let Some((key, values)) = r.split_once(op) {
-            check_key(key.trim())?;
-            let values = values.trim();
-            let inner = values
-                .strip_prefix('(')
-                .and_then(|v| v.strip_suffix(')'))
-                .ok_or_else(|| format!("{op:?} needs a parenthesized list of values"))?;
-            return inner.split(',').try_for_each(|v| check_value(v.trim()));
-        }
-    }
-    if r.contains(['<', '>', '(', ')', ' ']) {
-        return Err(format!("cannot parse requirement {r:?}"));
-    }
-    check_key(r)
-}
-
-fn check_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        let ok = !prefix.is_empty()
-            && prefix.len() <= 253
-            && prefix.split('.').all(|part| {
-                !part.is_empty()
-                    && part
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            });
-        if !ok {
-            return Err(format!("key prefix {prefix:?} is not a DNS subdomain"));
-        }
-    }
-    if name.is_empty() || !is_label_value(name) {
-        return Err(format!("key {key:?} is not a valid label key"));
-    }
-    Ok(())
-}
-
-fn check_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || is_label_value(value) {
-        Ok(())
-    } else {
-        Err(format!("value {value:?} is not a valid label value"))
-    }
-}
-
-/// 63 characters at most, alphanumerics with `-`, `_` and `.` inside.
-fn is_label_value(v: &str) -> bool {
-    v.len() <= 63
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    s.parse::<LabelSelector>().map(|parsed| parsed.to_string())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //!   `--concurrent`, `--log-level`, `--log-encoding`,
 //!   `--enable-leader-election` (and its timings), `--watch-all-namespaces`
 //!   and `--watch-label-selector`, as a clap struct to flatten;
+//! - [`selector`]: label selectors, parsed and matched in memory;
 //! - [`logging`]: JSON (or console) log lines with zap's and
 //!   controller-runtime's keys;
 //! - [`metrics`]: controller-runtime's reconcile metrics and the `gotk_*`
@@ -23,11 +24,13 @@ pub mod health;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod selector;
 
 pub use events::{EventRecorder, FluxEvent};
 pub use flags::{LeaderElectionArgs, ListenAddr, LogArgs, RuntimeArgs, WatchArgs};
 pub use health::{Health, WatchTicker, Watches};
 pub use metrics::{ControllerMetrics, Metrics, ObjectLabels, ReconcileGuard, ReconcileResult};
+pub use selector::LabelSelector;
 
 use kube::Resource;
 

@@ -93,6 +93,10 @@ pub async fn run(
 
 #[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
 async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
+    if !exporter.ctx.shard.owns(artifact.labels()) {
+        // Another shard's: it exports it (every shard sees every Artifact).
+        return Ok(Action::await_change());
+    }
     let mut guard = exporter
         .metrics
         .reconcile(ObjectLabels::of(artifact.as_ref()));

@@ -13,7 +13,7 @@ use crate::api::{
     Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP, MANAGED_BY, MANAGED_BY_LABEL,
     SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
-use crate::naming;
+use crate::{naming, shard};
 
 /// What the mirror should do for one source.
 #[derive(Debug, PartialEq)]
@@ -93,14 +93,19 @@ pub fn plan(
         metadata: ObjectMeta {
             name: Some(artifact_name),
             namespace: Some(namespace),
-            labels: Some(BTreeMap::from([
-                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-                (
-                    SOURCE_KIND_LABEL.to_string(),
-                    naming::label_value(&kind.to_ascii_lowercase()),
-                ),
-                (SOURCE_NAME_LABEL.to_string(), naming::label_value(&name)),
-            ])),
+            labels: Some(
+                BTreeMap::from([
+                    (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                    (
+                        SOURCE_KIND_LABEL.to_string(),
+                        naming::label_value(&kind.to_ascii_lowercase()),
+                    ),
+                    (SOURCE_NAME_LABEL.to_string(), naming::label_value(&name)),
+                ])
+                .into_iter()
+                .chain(shard::shard_label_of(source.labels()))
+                .collect(),
+            ),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },
@@ -167,7 +172,7 @@ pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
             .iter()
             .any(|o| o.uid == d.uid && o.controller == Some(true))
     });
-    labels_ok && owner_ok
+    labels_ok && owner_ok && shard::same_shard(labels, desired.labels())
 }
 
 #[cfg(test)]
@@ -317,6 +322,24 @@ mod tests {
         let mut orphan = desired.clone();
         orphan.metadata.owner_references = None;
         assert!(!up_to_date(&orphan, &desired));
+    }
+
+    #[test]
+    fn the_mirrored_artifact_is_in_its_sources_shard() {
+        let key = crate::shard::SHARD_LABEL;
+        let sharded = source(
+            "GitRepository",
+            json!({"artifact": flux_artifact()}),
+            json!({key: "shard1"}),
+        );
+        let desired = mirrored(&sharded);
+        assert_eq!(desired.labels()[key], "shard1");
+        let unsharded = mirrored(&podinfo());
+        assert!(!unsharded.labels().contains_key(key));
+        // Moving the source moves its Artifact: either way it is rewritten.
+        assert!(!up_to_date(&unsharded, &desired));
+        assert!(!up_to_date(&desired, &unsharded));
+        assert!(up_to_date(&desired, &desired.clone()));
     }
 
     #[test]

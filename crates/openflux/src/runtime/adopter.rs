@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, Patch};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::router::Change;
@@ -106,7 +106,8 @@ fn observe(
             let suffix = format!(".artifact.{group}");
             for ours in ctx.artifacts.state() {
                 let adopted = ours.labels().get(ADOPTED_FROM_LABEL).map(String::as_str)
-                    == Some(&crate::naming::label_value(group));
+                    == Some(&crate::naming::label_value(group))
+                    && ctx.shard.owns(ours.labels());
                 if let (true, Some(name)) = (adopted, ours.name_any().strip_suffix(&suffix)) {
                     let _ =
                         look.unbounded_send((ours.namespace().unwrap_or_default(), name.into()));
@@ -129,7 +130,9 @@ async fn reconcile(
         .get(&ObjectRef::new(&ours_name).within(namespace));
     let found = theirs.get(&ObjectRef::new_with(name, resource.clone()).within(namespace));
     let Some(found) = found else {
-        if ours.is_some() {
+        // Not in this shard's watch: gone, or moved to another shard (whose
+        // adopter keeps ours). Only the API server can tell.
+        if ours.is_some() && !still_there(ctx, resource, namespace, name).await? {
             match ctx
                 .artifact_api(namespace)
                 .delete(&ours_name, &DeleteParams::default())
@@ -159,4 +162,15 @@ async fn reconcile(
         .await?;
     tracing::info!(group, %namespace, %name, artifact = %ours_name, revision = %desired.spec.revision, "adopted an Open Flux Artifact");
     Ok(())
+}
+
+/// Whether the Open Flux Artifact `namespace`/`name` exists, in any shard.
+async fn still_there(
+    ctx: &Context,
+    resource: &ApiResource,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, Error> {
+    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), namespace, resource);
+    Ok(api.get_metadata_opt(name).await?.is_some())
 }

@@ -70,7 +70,9 @@ impl Consumers {
             locks::write(&ctx.references).watching(consumer.kind);
             let watch = Watch {
                 api: scope.dynamic_api(&ctx.client, &resource),
-                config: scope.config(),
+                // Every consumer, of every shard: an export of this shard's
+                // Artifacts is kept while any consumer refers to it.
+                config: scope.whole(),
                 slim,
                 what: format!("{} consumers", consumer.kind),
                 hint: "can openflux list and watch this Flux consumer kind? see its ClusterRole",
@@ -110,6 +112,10 @@ impl Consumers {
         let Some(object) = store.get(&key) else {
             return;
         };
+        if !ctx.shard.owns(object.labels()) {
+            // Another shard's consumer: that shard re-points it.
+            return;
+        }
         let Ok(value) = serde_json::to_value(&*object) else {
             return;
         };

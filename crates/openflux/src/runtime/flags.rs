@@ -5,6 +5,7 @@
 use openflux_api::runtime::flags::{FlagError, RuntimeArgs};
 
 use super::watch::Scope;
+use crate::shard::Shard;
 use crate::target::ExportMode;
 
 /// Name of the leader election Lease, in the runtime namespace.
@@ -44,6 +45,19 @@ fn parse_export_mode(value: &str) -> Result<ExportMode, String> {
 }
 
 impl RunArgs {
+    /// The shard of this replica: the objects `--watch-label-selector`
+    /// selects (all without one).
+    pub fn shard(&self) -> Result<Shard, FlagError> {
+        Ok(Shard::new(self.runtime.watch.label_selector()?))
+    }
+
+    /// The leader election Lease: [`LEADER_ELECTION_ID`], and with
+    /// `--watch-label-selector` a suffix derived from it, as Flux names each
+    /// shard's Lease.
+    pub fn lease_name(&self) -> String {
+        crate::shard::lease_name(LEADER_ELECTION_ID, &self.runtime.watch.watch_label_selector)
+    }
+
     /// What is watched: all namespaces or only the runtime namespace, and
     /// the objects `--watch-label-selector` selects.
     pub fn scope(&self) -> Result<Scope, FlagError> {
@@ -107,15 +121,15 @@ mod tests {
             "openflux",
             "--watch-all-namespaces=false",
             "--namespace=flux",
-            "--watch-label-selector=sharding.fluxcd.io/shard=shard1",
+            "--watch-label-selector=sharding.fluxcd.io/key=shard1",
         ])
         .unwrap();
         let scope = run.scope().unwrap();
         assert_eq!(scope.namespace.as_deref(), Some("flux"));
-        assert_eq!(scope.labels, "sharding.fluxcd.io/shard=shard1");
+        assert_eq!(scope.labels, "sharding.fluxcd.io/key=shard1");
         assert_eq!(
             scope.config().label_selector.as_deref(),
-            Some("sharding.fluxcd.io/shard=shard1")
+            Some("sharding.fluxcd.io/key=shard1")
         );
         // Watching one namespace needs to know which.
         let no_ns = parsed(&["openflux", "--watch-all-namespaces=false"]).unwrap();
@@ -123,5 +137,23 @@ mod tests {
             assert!(no_ns.scope().is_err());
         }
         assert!(parsed(&["openflux", "--watch-label-selector=a b"]).is_err());
+    }
+
+    #[test]
+    fn each_shard_has_its_lease_and_its_objects() {
+        let main = parsed(&["openflux", "--watch-label-selector=!sharding.fluxcd.io/key"]).unwrap();
+        let one = parsed(&[
+            "openflux",
+            "--watch-label-selector=sharding.fluxcd.io/key=shard1",
+        ])
+        .unwrap();
+        let all = parsed(&["openflux"]).unwrap();
+        assert_eq!(all.lease_name(), LEADER_ELECTION_ID);
+        assert_ne!(main.lease_name(), one.lease_name());
+        assert!(one.lease_name().starts_with("openflux-leader-election-"));
+        let labelled = [(crate::shard::SHARD_LABEL.to_string(), "shard1".to_string())].into();
+        assert!(one.shard().unwrap().owns(&labelled));
+        assert!(!main.shard().unwrap().owns(&labelled));
+        assert!(all.shard().unwrap().owns(&labelled));
     }
 }

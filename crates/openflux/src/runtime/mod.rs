@@ -2,7 +2,10 @@
 //!
 //! Every replica watches Artifacts into the owner index (which the webhook
 //! reads) and serves health and metrics; the elected leader also runs the
-//! controllers. The parts:
+//! controllers. With `--watch-label-selector` the replica belongs to a shard
+//! ([`crate::shard`]): its controllers reconcile that shard's objects under
+//! that shard's Lease, while the index still holds every Artifact. The
+//! parts:
 //!
 //! - [`router`]: what one watch event means (pure, tested as a table);
 //! - [`watch`]: the one watcher loop every watched kind runs, and the hub
@@ -115,6 +118,7 @@ where
         facts: shared.facts.clone(),
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
+        shard: args.shard()?,
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
@@ -129,7 +133,8 @@ where
     let hub = Hub::new(shared.index.clone(), metrics.clone());
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
-        config: scope.config(),
+        // Every shard's webhook answers for the Artifacts of all shards.
+        config: scope.whole(),
         slim: crate::mirror::slim_artifact,
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
@@ -165,7 +170,7 @@ where
             let elector = Elector::new(
                 client.clone(),
                 runtime.watch.runtime_namespace()?,
-                LEADER_ELECTION_ID,
+                &args.lease_name(),
                 leader_election,
             );
             campaign(&elector, &leading, &shutdown, leader_election).await;

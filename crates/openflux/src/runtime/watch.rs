@@ -44,6 +44,13 @@ impl Scope {
         }
     }
 
+    /// The watcher configuration of what every shard sees whole (the
+    /// Artifacts of the owner index, the consumers): this scope's namespace,
+    /// without `--watch-label-selector`.
+    pub fn whole(&self) -> watcher::Config {
+        watcher::Config::default().any_semantic()
+    }
+
     /// An API for `K` in this scope.
     pub fn api<K>(&self, client: &Client) -> Api<K>
     where
