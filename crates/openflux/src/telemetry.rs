@@ -67,8 +67,8 @@ impl Metrics {
 
 /// How long a watch may keep failing before the replica stops being ready.
 pub const WATCH_STALE_AFTER: Duration = Duration::from_secs(60);
-/// A failing watch that has not reported an error for this long (longer
-/// than the watcher's longest backoff, 30 s) reconnected quietly.
+/// A failing watch that has not reported an error for this long (far
+/// longer than the watches' longest backoff) reconnected quietly.
 pub const WATCH_QUIET_AFTER: Duration = Duration::from_secs(45);
 
 /// Readiness: true once every watch this replica depends on has synced, and

@@ -6,10 +6,12 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
+use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -100,7 +102,10 @@ where
             hint,
         } = self;
         let reader = writer.as_reader();
-        let mut events = watcher(api, config).default_backoff().modify(slim).boxed();
+        let mut events = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .modify(slim)
+            .boxed();
         let mut failing = false;
         loop {
             let event = tokio::select! {
@@ -135,6 +140,46 @@ where
                 watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
         }
+    }
+}
+
+/// The first delay before a failed watch is retried.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// The longest delay between retries of a failed watch. Short, so that a
+/// watch is back within seconds of the API server's return: kube's default
+/// (up to 30 s, reset only after 2 min without errors) left the owner index
+/// and the controllers that long behind an API server restart. A retry
+/// every few seconds per watch costs a dead API server nothing.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Exponential backoff from [`BACKOFF_MIN`] to [`BACKOFF_MAX`], each delay
+/// between half and all of its step (so replicas do not retry in step),
+/// reset by the first event after an error.
+#[derive(Debug, Default)]
+pub struct WatchBackoff {
+    failures: u32,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let step = BACKOFF_MIN
+            .saturating_mul(1 << self.failures.min(16))
+            .min(BACKOFF_MAX);
+        self.failures = self.failures.saturating_add(1);
+        // Jitter from the clock's nanoseconds: good enough to spread retries.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let half = step / 2;
+        Some(half + half.mul_f64(f64::from(nanos % 1000) / 1000.0))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 
@@ -209,5 +254,16 @@ mod tests {
             wakes.try_recv().is_err(),
             "a delete of a standalone Artifact wakes nobody"
         );
+    }
+
+    #[test]
+    fn the_backoff_grows_to_its_bound_and_resets() {
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = backoff.by_ref().take(12).collect();
+        assert!(delays[0] >= BACKOFF_MIN / 2 && delays[0] <= BACKOFF_MIN);
+        assert!(delays.iter().all(|d| *d <= BACKOFF_MAX));
+        assert!(delays[11] >= BACKOFF_MAX / 2, "{delays:?}");
+        backoff.reset();
+        assert!(backoff.next().is_some_and(|d| d <= BACKOFF_MIN));
     }
 }
