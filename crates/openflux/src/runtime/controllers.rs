@@ -222,7 +222,8 @@ impl Controllers {
                 self.ctx.clone(),
                 group,
                 self.scope.clone(),
-                self.readiness.watch_started(),
+                self.readiness
+                    .controller_watch(&format!("Open Flux Artifacts ({group})")),
                 self.shutdown.clone(),
             ));
         }
@@ -274,12 +275,15 @@ impl Controllers {
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
         };
-        self.tasks.spawn(watch.run(
-            writer,
-            self.readiness.watch_started(),
-            move |change| hub.take(Event::Source(stock, change)),
-            self.shutdown.clone(),
-        ));
+        self.tasks.spawn(
+            watch.run(
+                writer,
+                self.readiness
+                    .controller_watch(&format!("{} sources", stock.kind)),
+                move |change| hub.take(Event::Source(stock, change)),
+                self.shutdown.clone(),
+            ),
+        );
         let (wake, triggers) = unbounded();
         let mirror = Mirror {
             source: stock,
@@ -317,7 +321,7 @@ impl Controllers {
         };
         self.tasks.spawn(watch.run(
             writer,
-            self.readiness.watch_started(),
+            self.readiness.controller_watch("exported objects"),
             move |change| hub.take(Event::Exported(change)),
             self.shutdown.clone(),
         ));

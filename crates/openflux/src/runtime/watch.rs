@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::router::{route, Change, Event, Wake};
 use crate::index::OwnerIndex;
 use crate::locks;
-use crate::telemetry::{Metrics, SyncGuard};
+use crate::telemetry::{Metrics, SyncGuard, WATCH_STALE_AFTER};
 
 /// Batches of wakes the hub holds for a listener that fell behind; past
 /// that the listener is told it lagged and looks at everything again.
@@ -106,7 +106,9 @@ where
             .backoff(WatchBackoff::default())
             .modify(slim)
             .boxed();
-        let mut failing = false;
+        // When the current streak of errors began, and whether it was
+        // reported as broken.
+        let mut failing: Option<(tokio::time::Instant, bool)> = None;
         loop {
             let event = tokio::select! {
                 e = events.try_next() => e,
@@ -117,16 +119,33 @@ where
                 Ok(None) => return,
                 Err(error) => {
                     synced.failed();
-                    if failing {
-                        tracing::debug!(watch = %what, %error, "watch still failing");
-                    } else {
-                        tracing::warn!(watch = %what, %error, hint, "watch failed; retrying");
-                        failing = true;
+                    match &mut failing {
+                        None => {
+                            tracing::warn!(watch = %what, %error, hint, "watch failed; retrying");
+                            failing = Some((tokio::time::Instant::now(), false));
+                        }
+                        Some((since, reported))
+                            if !*reported && since.elapsed() > WATCH_STALE_AFTER =>
+                        {
+                            *reported = true;
+                            let failing_for = since.elapsed().as_secs();
+                            if synced.serving() {
+                                tracing::error!(watch = %what, %error, hint, failing_for, "watch broken; this replica is not ready until it recovers");
+                            } else {
+                                tracing::error!(watch = %what, %error, hint, failing_for, "watch broken; the controllers' view is stale, the webhook keeps serving");
+                            }
+                        }
+                        Some(_) => {
+                            tracing::debug!(watch = %what, %error, "watch still failing");
+                        }
                     }
                     continue;
                 }
             };
-            failing = false;
+            if let Some((since, true)) = failing {
+                tracing::info!(watch = %what, failed_for = since.elapsed().as_secs(), "watch recovered");
+            }
+            failing = None;
             synced.ok();
             writer.apply_watcher_event(&event);
             match &event {
