@@ -137,9 +137,17 @@ async fn a_broken_consumer_watch_leaves_the_leader_ready() {
             .await,
         Some(0.0)
     );
-    assert!(of
-        .log_tail(400)
-        .contains("watch broken; the controllers' view is stale"));
+    // Logged on the watch's next error past the 60 s.
+    support::wait_for(
+        "the broken watch's log line",
+        Duration::from_secs(30),
+        || async {
+            of.log_tail(400)
+                .contains("watch broken; the controllers' view is stale")
+                .then_some(())
+        },
+    )
+    .await;
     // Back: the watch recovers and the report clears.
     env.apply_yaml(&stack_crd)
         .await
