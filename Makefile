@@ -30,9 +30,10 @@ test: lint cluster-up
 
 # The chaos suite (docs/reliability.md): a million generated AdmissionReviews
 # through the decision path and a sample over HTTPS, certificate rotation
-# under load, the webhook's peak memory under maximum-size reviews, and the
-# leader killed during Artifact updates on the local control plane. Prints a
-# table; the figures also go to target/chaos.json.
+# under load, the webhook's peak memory under maximum-size reviews, the
+# leader killed during Artifact updates on the local control plane, and etcd
+# and kube-apiserver killed and restarted during them. Prints a table; the
+# figures also go to target/chaos.json.
 chaos: cluster-up
 	$(CARGO) bench -p openflux --bench chaos -- --json $(CURDIR)/target/chaos.json
 

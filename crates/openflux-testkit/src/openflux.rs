@@ -125,6 +125,18 @@ impl Openflux {
         child.wait().ok()
     }
 
+    /// The process id, while this handle owns the process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process still runs (it has not exited on its own).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }

@@ -65,20 +65,36 @@ impl Metrics {
     }
 }
 
-/// How long a watch may keep failing before the replica stops being ready.
+/// How long a watch may keep failing before it counts as broken (and, for
+/// a serving watch, the replica stops being ready).
 pub const WATCH_STALE_AFTER: Duration = Duration::from_secs(60);
-/// A failing watch that has not reported an error for this long (longer
-/// than the watcher's longest backoff, 30 s) reconnected quietly.
+/// A failing watch that has not reported an error for this long (far
+/// longer than the watches' longest backoff) reconnected quietly.
 pub const WATCH_QUIET_AFTER: Duration = Duration::from_secs(45);
 
-/// Readiness: true once every watch this replica depends on has synced, and
-/// while none has been failing for longer than [`WATCH_STALE_AFTER`].
+/// Readiness covers what serving admission needs, and nothing else: the
+/// watch of Artifacts behind the owner index and the survey of export
+/// targets. It is true once both have synced, and while neither has been
+/// failing for longer than [`WATCH_STALE_AFTER`]. The leader's watches
+/// (sources, consumers, exports, Open Flux Artifacts) keep their replica's
+/// webhook in the Service when they break: they are reported by the
+/// `openflux_broken_watches{scope="controllers"}` metric, an error line
+/// from the watch, and the body of `/readyz`.
 pub struct Readiness {
-    /// Watches started and not yet synced.
+    /// Serving watches started and not yet synced.
     pending: AtomicUsize,
-    /// Set once the first watch registered, so an empty process is not ready.
+    /// Set once the first serving watch registered, so an empty process is
+    /// not ready.
     started: AtomicBool,
-    watches: Watches,
+    serving: Watches,
+    controllers: Watches,
+    broken: Family<ScopeLabels, Gauge>,
+}
+
+/// Which watches a figure counts: `serving` or `controllers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    pub scope: &'static str,
 }
 
 impl Default for Readiness {
@@ -92,18 +108,41 @@ impl Readiness {
         Readiness {
             pending: AtomicUsize::new(0),
             started: AtomicBool::new(false),
-            watches: Watches::new(stale_after, quiet_after),
+            serving: Watches::new(stale_after, quiet_after),
+            controllers: Watches::new(stale_after, quiet_after),
+            broken: Family::default(),
         }
     }
 
-    /// Registers one watch that must sync before the process is ready; the
+    /// Registers `openflux_broken_watches`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "openflux_broken_watches",
+            "Watches failing for more than 60s; scope serving holds readiness back, scope controllers does not",
+            self.broken.clone(),
+        );
+    }
+
+    /// Registers one watch that serving admission needs: it must sync
+    /// before the process is ready, and breaking makes it unready. The
     /// returned guard marks it synced, and its failures and recoveries.
-    pub fn watch_started(self: &Arc<Self>) -> SyncGuard {
+    pub fn serving_watch(self: &Arc<Self>, name: &str) -> SyncGuard {
         self.pending.fetch_add(1, Ordering::SeqCst);
         self.started.store(true, Ordering::SeqCst);
         SyncGuard {
             readiness: Some(self.clone()),
-            ticker: self.watches.register("watch"),
+            ticker: self.serving.register(name),
+            serving: true,
+        }
+    }
+
+    /// Registers one of the leader's watches: reported when it breaks, not
+    /// needed for readiness.
+    pub fn controller_watch(&self, name: &str) -> SyncGuard {
+        SyncGuard {
+            readiness: None,
+            ticker: self.controllers.register(name),
+            serving: false,
         }
     }
 
@@ -116,18 +155,46 @@ impl Readiness {
         if !self.started.load(Ordering::SeqCst) || self.pending.load(Ordering::SeqCst) != 0 {
             return Some("watches not synced yet".into());
         }
-        self.watches
+        self.serving
             .broken()
-            .map(|(_, for_)| format!("a watch has been failing for {}s", for_.as_secs()))
+            .map(|(name, for_)| format!("watch of {name} failing for {}s", for_.as_secs()))
+    }
+
+    /// The leader's watches failing for too long (they do not hold
+    /// readiness back), one line each.
+    pub fn degraded(&self) -> Vec<String> {
+        self.controllers
+            .all_broken()
+            .into_iter()
+            .map(|(name, for_)| {
+                format!(
+                    "watch of {name} failing for {}s (the controllers' view is stale; admission is not affected)",
+                    for_.as_secs()
+                )
+            })
+            .collect()
+    }
+
+    /// Sets `openflux_broken_watches` from the watches' state.
+    pub fn refresh_metrics(&self) {
+        for (scope, watches) in [
+            ("serving", &self.serving),
+            ("controllers", &self.controllers),
+        ] {
+            self.broken
+                .get_or_create(&ScopeLabels { scope })
+                .set(watches.all_broken().len() as i64);
+        }
     }
 }
 
-/// Marks one watch as synced when [`SyncGuard::synced`] is called; a guard
-/// dropped unsynced (its watch stopped, e.g. the leader's controllers on a
-/// lost Lease) no longer holds readiness back.
+/// One watch's handle on [`Readiness`]: a serving watch counts as pending
+/// until [`SyncGuard::synced`]; a guard dropped unsynced (its watch
+/// stopped) no longer holds readiness back.
 pub struct SyncGuard {
     readiness: Option<Arc<Readiness>>,
     ticker: WatchTicker,
+    serving: bool,
 }
 
 impl SyncGuard {
@@ -146,6 +213,11 @@ impl SyncGuard {
     pub fn failed(&self) {
         self.ticker.failed();
     }
+
+    /// Whether the replica's readiness depends on this watch.
+    pub fn serving(&self) -> bool {
+        self.serving
+    }
 }
 
 impl Drop for SyncGuard {
@@ -161,6 +233,7 @@ struct HttpState {
 }
 
 async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
+    s.readiness.refresh_metrics();
     let mut body = String::new();
     let encoded = prometheus_client::encoding::text::encode(&mut body, &locks::lock(&s.registry));
     match encoded {
@@ -185,9 +258,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
+    let degraded = s.readiness.degraded();
+    let detail: String = degraded.iter().map(|line| format!("{line}\n")).collect();
     match s.readiness.why_not_ready() {
-        None => (StatusCode::OK, "ok\n".into()),
-        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        None => (StatusCode::OK, format!("ok\n{detail}")),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n{detail}")),
     }
 }
 
@@ -234,15 +309,15 @@ mod tests {
     fn ready_only_after_every_watch_synced() {
         let r = Arc::new(Readiness::default());
         assert!(!r.is_ready(), "nothing started yet");
-        let mut a = r.watch_started();
-        let mut b = r.watch_started();
+        let mut a = r.serving_watch("Artifacts");
+        let mut b = r.serving_watch("survey");
         a.synced();
         assert!(!r.is_ready());
         b.synced();
         b.synced();
         assert!(r.is_ready());
         // A watch that stops before it synced holds nothing back.
-        let c = r.watch_started();
+        let c = r.serving_watch("Artifacts");
         assert!(!r.is_ready());
         drop(c);
         assert!(r.is_ready());
@@ -251,7 +326,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_watch_failing_too_long_makes_the_replica_unready() {
         let r = Arc::new(Readiness::default());
-        let mut w = r.watch_started();
+        let mut w = r.serving_watch("Artifacts");
         w.synced();
         w.failed();
         assert!(r.is_ready());
@@ -260,8 +335,61 @@ mod tests {
         tokio::time::advance(WATCH_STALE_AFTER - WATCH_QUIET_AFTER + Duration::from_secs(2)).await;
         w.failed();
         let why = r.why_not_ready().expect("not ready");
-        assert!(why.contains("failing for 61s"), "{why}");
+        assert!(why.contains("Artifacts failing for 61s"), "{why}");
         w.ok();
         assert!(r.is_ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_controller_watch_is_reported_but_keeps_the_replica_ready() {
+        let r = Arc::new(Readiness::default());
+        let mut registry = Registry::default();
+        r.register(&mut registry);
+        let mut artifacts = r.serving_watch("Artifacts");
+        artifacts.synced();
+        // A consumer watch that never syncs (its CRD is gone) holds nothing back.
+        let consumers = r.controller_watch("HelmRelease consumers");
+        assert!(!consumers.serving());
+        assert!(r.is_ready());
+        consumers.failed();
+        tokio::time::advance(WATCH_QUIET_AFTER - Duration::from_secs(1)).await;
+        consumers.failed();
+        tokio::time::advance(WATCH_STALE_AFTER - WATCH_QUIET_AFTER + Duration::from_secs(2)).await;
+        consumers.failed();
+        assert!(r.is_ready(), "{:?}", r.why_not_ready());
+        let degraded = r.degraded();
+        assert_eq!(degraded.len(), 1);
+        assert!(
+            degraded[0].contains("HelmRelease consumers failing for 61s"),
+            "{degraded:?}"
+        );
+        r.refresh_metrics();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"openflux_broken_watches{scope="controllers"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"openflux_broken_watches{scope="serving"} 0"#),
+            "{text}"
+        );
+        // Back: nothing to report.
+        consumers.ok();
+        assert!(r.degraded().is_empty());
+        // The same failure on the serving watch makes the replica unready.
+        artifacts.failed();
+        tokio::time::advance(WATCH_QUIET_AFTER - Duration::from_secs(1)).await;
+        artifacts.failed();
+        tokio::time::advance(WATCH_STALE_AFTER - WATCH_QUIET_AFTER + Duration::from_secs(2)).await;
+        artifacts.failed();
+        assert!(!r.is_ready());
+        r.refresh_metrics();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"openflux_broken_watches{scope="serving"} 1"#),
+            "{text}"
+        );
     }
 }

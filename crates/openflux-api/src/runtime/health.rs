@@ -110,14 +110,23 @@ impl Watches {
 
     /// The first watch broken for longer than the bound, and for how long.
     pub fn broken(&self) -> Option<(String, Duration)> {
+        self.all_broken().into_iter().next()
+    }
+
+    /// Every watch broken for longer than the bound, and for how long.
+    pub fn all_broken(&self) -> Vec<(String, Duration)> {
         let now = tokio::time::Instant::now();
         let table = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        table.failing.iter().find_map(|(_, name, streak)| {
-            let (first, last) = (*streak)?;
-            let broken_for = now.duration_since(first);
-            (broken_for > self.stale_after && now.duration_since(last) <= self.quiet_after)
-                .then(|| (name.clone(), broken_for))
-        })
+        table
+            .failing
+            .iter()
+            .filter_map(|(_, name, streak)| {
+                let (first, last) = (*streak)?;
+                let broken_for = now.duration_since(first);
+                (broken_for > self.stale_after && now.duration_since(last) <= self.quiet_after)
+                    .then(|| (name.clone(), broken_for))
+            })
+            .collect()
     }
 
     fn tick(&self, id: u64, failed: bool) {
@@ -252,6 +261,7 @@ mod tests {
             (name.as_str(), for_),
             ("Artifacts", Duration::from_secs(61))
         );
+        assert_eq!(watches.all_broken().len(), 1);
         // An event heals it.
         a.ok();
         assert_eq!(watches.broken(), None);

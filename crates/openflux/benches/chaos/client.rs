@@ -120,6 +120,10 @@ pub async fn run(load: Load, until: Instant) -> Tally {
                 Ok(status) => {
                     tally.latencies.push(started.elapsed());
                     *tally.statuses.entry(status).or_default() += 1;
+                    if status == 429 {
+                        // `Retry-After: 1`, honoured as the API server does.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                     if status != 200 {
                         break;
                     }

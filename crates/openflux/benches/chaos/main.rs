@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo bench -p openflux --bench chaos -- [--quick] [--json FILE]
-//!     [--only reviews,rotation,memory,failover] [--reviews N] [--seconds S]
+//!     [--only reviews,rotation,memory,failover,restart] [--reviews N] [--seconds S]
 //!     [--updates N]
 //! ```
 //!
@@ -18,6 +18,8 @@ use anyhow::{bail, Context as _};
 
 #[path = "../../tests/chaos/failover.rs"]
 mod failover;
+#[path = "../../tests/chaos/restart.rs"]
+mod restart;
 #[path = "../../tests/chaos/reviews.rs"]
 mod reviews;
 
@@ -70,7 +72,7 @@ pub struct Options {
 }
 
 const USAGE: &str = "usage: cargo bench -p openflux --bench chaos -- [--quick] [--json FILE] \
-[--only reviews,rotation,memory,failover] [--reviews N] [--seconds S] [--updates N]";
+[--only reviews,rotation,memory,failover,restart] [--reviews N] [--seconds S] [--updates N]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -98,11 +100,11 @@ fn run(args: Vec<String>) -> anyhow::Result<bool> {
     let benching = args.iter().any(|a| a == "--bench");
     let mut quick = !benching;
     let mut json = None;
-    let mut only: Vec<String> = ["reviews", "rotation", "memory", "failover"]
+    let mut only: Vec<String> = ["reviews", "rotation", "memory", "failover", "restart"]
         .map(String::from)
         .to_vec();
     if !benching {
-        only.retain(|s| s != "failover");
+        only.retain(|s| s != "failover" && s != "restart");
     }
     let mut options = Options {
         quick,
@@ -171,6 +173,7 @@ fn run(args: Vec<String>) -> anyhow::Result<bool> {
             "rotation" => runtime.block_on(scenarios::rotation(&options))?,
             "memory" => runtime.block_on(scenarios::memory(&options))?,
             "failover" => runtime.block_on(scenarios::failover(&options))?,
+            "restart" => runtime.block_on(scenarios::restart(&options))?,
             other => bail!("unknown scenario {other}"),
         };
         rows.extend(found);

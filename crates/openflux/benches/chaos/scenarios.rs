@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::client::{self, Load};
 use crate::server::{Certs, Served};
-use crate::{failover, reviews, Options, Row};
+use crate::{failover, restart, reviews, Options, Row};
 
 /// This process's resident and peak resident memory, in MiB.
 fn own_memory() -> (f64, f64) {
@@ -345,6 +345,48 @@ pub async fn failover(options: &Options) -> anyhow::Result<Vec<Row>> {
         ),
         Row::new(
             "failover",
+            "last update to converged",
+            outcome.converged_after.as_secs_f64(),
+            "s",
+        )
+        .at_most(failover::CONVERGENCE_BOUND.as_secs_f64()),
+    ])
+}
+
+/// (d) etcd and kube-apiserver killed and started again during Artifact
+/// updates: openflux recovers on its own.
+pub async fn restart(options: &Options) -> anyhow::Result<Vec<Row>> {
+    let outcome = restart::run(options.updates).await?;
+    Ok(vec![
+        Row::new(
+            "restart",
+            "Artifact updates",
+            outcome.updates as f64,
+            "count",
+        ),
+        Row::new(
+            "restart",
+            "kill -9 to API server ready again",
+            outcome.down_for.as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            "restart",
+            "openflux processes restarted",
+            f64::from(u8::from(!outcome.same_processes)),
+            "count",
+        )
+        .at_most(0.0),
+        Row::new(
+            "restart",
+            "API server ready to openflux recovered",
+            outcome.recovered_after.as_secs_f64(),
+            "s",
+        )
+        .at_most(restart::RECOVERY_BOUND.as_secs_f64()),
+        Row::new("restart", "lost updates", outcome.lost as f64, "count").at_most(0.0),
+        Row::new(
+            "restart",
             "last update to converged",
             outcome.converged_after.as_secs_f64(),
             "s",

@@ -80,7 +80,7 @@ impl Consumers {
             let (ctx2, look, freed) = (ctx.clone(), sinks.look.clone(), sinks.freed.clone());
             tasks.spawn(watch.run(
                 writer,
-                readiness.watch_started(),
+                readiness.controller_watch(&format!("{} consumers", consumer.kind)),
                 move |change| observe(&ctx2, consumer, change, &look, &freed),
                 shutdown.clone(),
             ));

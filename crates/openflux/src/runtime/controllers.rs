@@ -184,15 +184,13 @@ impl Controllers {
                 self.targets.insert(target, watched);
             }
         }
-        let (ctx, scope, readiness) =
-            (self.ctx.clone(), self.scope.clone(), self.readiness.clone());
         self.adopt_open_flux();
         let sinks = Sinks {
             look: self.looks.0.clone(),
             freed: self.freed.0.clone(),
         };
         self.consumers.start(
-            (&ctx, &scope, &readiness),
+            (&self.ctx, &self.scope, &self.readiness),
             &sinks,
             &mut self.tasks,
             &self.shutdown,
@@ -218,11 +216,12 @@ impl Controllers {
             if !self.adopting.insert(group) {
                 continue;
             }
+            let name = format!("Open Flux Artifacts ({group})");
             self.tasks.spawn(adopter::run(
                 self.ctx.clone(),
                 group,
                 self.scope.clone(),
-                self.readiness.watch_started(),
+                self.readiness.controller_watch(&name),
                 self.shutdown.clone(),
             ));
         }
@@ -274,9 +273,10 @@ impl Controllers {
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
         };
+        let synced = self.readiness.controller_watch(&watch.what);
         self.tasks.spawn(watch.run(
             writer,
-            self.readiness.watch_started(),
+            synced,
             move |change| hub.take(Event::Source(stock, change)),
             self.shutdown.clone(),
         ));
@@ -317,7 +317,7 @@ impl Controllers {
         };
         self.tasks.spawn(watch.run(
             writer,
-            self.readiness.watch_started(),
+            self.readiness.controller_watch("exported objects"),
             move |change| hub.take(Event::Exported(change)),
             self.shutdown.clone(),
         ));

@@ -87,12 +87,14 @@ where
     let metrics = Metrics::register(&mut registry);
     let gate_metrics = GateMetrics::register(&mut registry);
     let target_metrics = survey::TargetMetrics::register(&mut registry);
+    let readiness = Arc::new(Readiness::default());
+    readiness.register(&mut registry);
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
         facts: Arc::new(RwLock::new(Facts::default())),
         registry: Arc::new(Mutex::new(registry)),
-        readiness: Arc::new(Readiness::default()),
+        readiness,
         shutdown: CancellationToken::new(),
     };
     let shutdown = shared.shutdown.clone();
@@ -129,7 +131,10 @@ where
         changed: facts_changed,
         metrics: target_metrics,
     };
-    tokio::spawn(survey.run(shared.readiness.watch_started(), shutdown.clone()));
+    tokio::spawn(survey.run(
+        shared.readiness.serving_watch("export targets"),
+        shutdown.clone(),
+    ));
     let hub = Hub::new(shared.index.clone(), metrics.clone());
     let watch = Watch {
         api: scope.api::<Artifact>(&client),
@@ -142,7 +147,7 @@ where
     let artifact_hub = hub.clone();
     let watch = tokio::spawn(watch.run(
         artifacts,
-        shared.readiness.watch_started(),
+        shared.readiness.serving_watch("Artifacts"),
         move |change| artifact_hub.take(Event::Artifact(change)),
         shutdown.clone(),
     ));

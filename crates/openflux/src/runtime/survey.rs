@@ -26,6 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch as channel, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::watch::WatchBackoff;
 use crate::api::FLUX_SOURCE_GROUP;
 use crate::facts::{Facts, Reading};
 use crate::locks;
@@ -145,14 +146,14 @@ async fn watch_triggers(
         Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
-    .map(|_| ());
+    .backoff(WatchBackoff::default())
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
     let deployments = watcher(
         Api::<PartialObjectMeta<Deployment>>::namespaced(client, &flux_namespace),
         watcher::Config::default().labels(&component_selector()),
     )
-    .default_backoff()
-    .map(|_| ());
+    .backoff(WatchBackoff::default())
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
     let mut all = std::pin::pin!(futures::stream::select(crds, deployments));
     loop {
         tokio::select! {

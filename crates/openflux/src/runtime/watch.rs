@@ -6,10 +6,12 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
+use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::router::{route, Change, Event, Wake};
 use crate::index::OwnerIndex;
 use crate::locks;
-use crate::telemetry::{Metrics, SyncGuard};
+use crate::telemetry::{Metrics, SyncGuard, WATCH_STALE_AFTER};
 
 /// Batches of wakes the hub holds for a listener that fell behind; past
 /// that the listener is told it lagged and looks at everything again.
@@ -107,8 +109,13 @@ where
             hint,
         } = self;
         let reader = writer.as_reader();
-        let mut events = watcher(api, config).default_backoff().modify(slim).boxed();
-        let mut failing = false;
+        let mut events = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .modify(slim)
+            .boxed();
+        // When the current streak of errors began, and whether it was
+        // reported as broken.
+        let mut failing: Option<(tokio::time::Instant, bool)> = None;
         loop {
             let event = tokio::select! {
                 e = events.try_next() => e,
@@ -119,16 +126,33 @@ where
                 Ok(None) => return,
                 Err(error) => {
                     synced.failed();
-                    if failing {
-                        tracing::debug!(watch = %what, %error, "watch still failing");
-                    } else {
-                        tracing::warn!(watch = %what, %error, hint, "watch failed; retrying");
-                        failing = true;
+                    match &mut failing {
+                        None => {
+                            tracing::warn!(watch = %what, %error, hint, "watch failed; retrying");
+                            failing = Some((tokio::time::Instant::now(), false));
+                        }
+                        Some((since, reported))
+                            if !*reported && since.elapsed() > WATCH_STALE_AFTER =>
+                        {
+                            *reported = true;
+                            let failing_for = since.elapsed().as_secs();
+                            if synced.serving() {
+                                tracing::error!(watch = %what, %error, hint, failing_for, "watch broken; this replica is not ready until it recovers");
+                            } else {
+                                tracing::error!(watch = %what, %error, hint, failing_for, "watch broken; the controllers' view is stale, the webhook keeps serving");
+                            }
+                        }
+                        Some(_) => {
+                            tracing::debug!(watch = %what, %error, "watch still failing");
+                        }
                     }
                     continue;
                 }
             };
-            failing = false;
+            if let Some((since, true)) = failing {
+                tracing::info!(watch = %what, failed_for = since.elapsed().as_secs(), "watch recovered");
+            }
+            failing = None;
             synced.ok();
             writer.apply_watcher_event(&event);
             match &event {
@@ -142,6 +166,46 @@ where
                 watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
         }
+    }
+}
+
+/// The first delay before a failed watch is retried.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// The longest delay between retries of a failed watch. Short, so that a
+/// watch is back within seconds of the API server's return: kube's default
+/// (up to 30 s, reset only after 2 min without errors) left the owner index
+/// and the controllers that long behind an API server restart. A retry
+/// every few seconds per watch costs a dead API server nothing.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Exponential backoff from [`BACKOFF_MIN`] to [`BACKOFF_MAX`], each delay
+/// between half and all of its step (so replicas do not retry in step),
+/// reset by the first event after an error.
+#[derive(Debug, Default)]
+pub struct WatchBackoff {
+    failures: u32,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let step = BACKOFF_MIN
+            .saturating_mul(1 << self.failures.min(16))
+            .min(BACKOFF_MAX);
+        self.failures = self.failures.saturating_add(1);
+        // Jitter from the clock's nanoseconds: good enough to spread retries.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let half = step / 2;
+        Some(half + half.mul_f64(f64::from(nanos % 1000) / 1000.0))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 
@@ -216,5 +280,16 @@ mod tests {
             wakes.try_recv().is_err(),
             "a delete of a standalone Artifact wakes nobody"
         );
+    }
+
+    #[test]
+    fn the_backoff_grows_to_its_bound_and_resets() {
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = backoff.by_ref().take(12).collect();
+        assert!(delays[0] >= BACKOFF_MIN / 2 && delays[0] <= BACKOFF_MIN);
+        assert!(delays.iter().all(|d| *d <= BACKOFF_MAX));
+        assert!(delays[11] >= BACKOFF_MAX / 2, "{delays:?}");
+        backoff.reset();
+        assert!(backoff.next().is_some_and(|d| d <= BACKOFF_MIN));
     }
 }

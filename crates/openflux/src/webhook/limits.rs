@@ -3,8 +3,9 @@
 //!
 //! - [`Admission`]: at most [`MAX_IN_FLIGHT`] requests are read and decided
 //!   at once; bodies over [`SMALL_BODY_BYTES`] also share a budget of
-//!   [`LARGE_BODY_BUDGET`] bytes, so sixteen maximum-size reviews cannot
-//!   hold up the small ones nor take more memory than the budget;
+//!   [`LARGE_BODY_BUDGET`] bytes (two maximum-size reviews: one parsed
+//!   while the next is read), so a flood of maximum-size reviews can take
+//!   neither the CPU nor more memory than the budget from the small ones;
 //! - [`LogBudget`]: lines about what one client sent (a malformed review, a
 //!   denial) are written at most [`LOG_LINES_PER_WINDOW`] per
 //!   [`LOG_WINDOW`]; the next line written says how many were left out.
@@ -19,8 +20,13 @@ use tokio::time::Instant;
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Bodies up to this size only count against [`MAX_IN_FLIGHT`].
 pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
-/// Bytes of larger bodies read at once: eight maximum-size reviews.
-pub const LARGE_BODY_BUDGET: u64 = 24 * 1024 * 1024;
+/// Bytes of larger bodies read at once: two maximum-size reviews.
+pub const LARGE_BODY_BUDGET: u64 = 6 * 1024 * 1024;
+/// Time a body over [`SMALL_BODY_BYTES`] (or of unknown size) waits for
+/// room before it is answered 429: shorter than for small ones, so a flood
+/// of large reviews is told to come back later at once rather than held
+/// while the CPU goes to them.
+pub const LARGE_QUEUE_WAIT: Duration = Duration::from_millis(500);
 /// Log lines about client input per window.
 pub const LOG_LINES_PER_WINDOW: u32 = 20;
 pub const LOG_WINDOW: Duration = Duration::from_secs(10);

@@ -23,7 +23,8 @@ use tracing::Instrument;
 
 pub use super::answer::{answer, answer_parsed, Answer};
 use super::decision::{Decision, Options};
-use super::limits::{Admission, LogBudget, SMALL_BODY_BYTES};
+use super::large::LargeParser;
+use super::limits::{Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
 use super::metrics::WebhookMetrics;
 use super::review;
 use super::rewrite::View;
@@ -201,7 +202,11 @@ async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
         return Err(Refused::TooLarge);
     }
     let admitted = state.admission.admit(declared, MAX_BODY_BYTES as u64);
-    let _permit = tokio::time::timeout(QUEUE_WAIT, admitted)
+    let wait = match declared {
+        Some(n) if n <= SMALL_BODY_BYTES => QUEUE_WAIT,
+        _ => LARGE_QUEUE_WAIT,
+    };
+    let _permit = tokio::time::timeout(wait, admitted)
         .await
         .map_err(|_| Refused::Busy)?;
     let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
@@ -209,12 +214,14 @@ async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
         Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
         Err(e) => return Err(Refused::Unreadable(e.to_string())),
     };
-    // A large body is parsed off the runtime's workers, so the small
-    // requests beside it keep being answered while it is.
+    // A large body is parsed off the runtime's workers, on one thread of
+    // lower priority, so the small requests beside it are answered first.
     let parsed = if body.len() as u64 > SMALL_BODY_BYTES {
-        tokio::task::spawn_blocking(move || review::parse(&body))
+        let parser = LargeParser::shared().map_err(|e| Refused::Unreadable(e.to_string()))?;
+        parser
+            .parse(body)
             .await
-            .map_err(|e| Refused::Unreadable(format!("parsing the request body: {e}")))?
+            .map_err(|e| Refused::Unreadable(e.to_string()))?
     } else {
         review::parse(&body)
     };

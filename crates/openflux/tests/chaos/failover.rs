@@ -15,10 +15,10 @@ use openflux_testkit as support;
 use serde_json::json;
 use support::openflux::Openflux;
 
-const ARTIFACT: &str = "openflux.dev/v1alpha1";
+pub const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 /// Artifacts the updates go round.
-const ARTIFACTS: usize = 10;
+pub const ARTIFACTS: usize = 10;
 /// How long the last revisions may take to be exported before they count
 /// as lost.
 pub const CONVERGENCE_BOUND: Duration = Duration::from_secs(10);
@@ -59,14 +59,10 @@ pub async fn leads(of: &Openflux) -> bool {
     of.metric("openflux_leader ").await == Some(1.0)
 }
 
-/// Runs the scenario with `updates` Artifact updates.
-pub async fn run(updates: usize) -> anyhow::Result<Outcome> {
-    let env = support::cluster().await;
-    support::install_artifact_crd(&env).await;
-    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
-    let ns = env.namespace("failover").await;
-    let n = ns.name().to_string();
-    let mut replicas = [start(&env, &n).await, start(&env, &n).await];
+/// Two replicas in namespace `ns`, one of them leading (its index is
+/// returned), and [`ARTIFACTS`] Artifacts `a0`.. at revision `start`.
+pub async fn two_replicas(env: &support::Env, ns: &str) -> anyhow::Result<([Openflux; 2], usize)> {
+    let replicas = [start(env, ns).await, start(env, ns).await];
     let leader = support::wait_for("one replica to lead", support::TIMEOUT, || async {
         for (i, of) in replicas.iter().enumerate() {
             if leads(of).await {
@@ -76,17 +72,71 @@ pub async fn run(updates: usize) -> anyhow::Result<Outcome> {
         None
     })
     .await;
-    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n)).await?;
     let digest = format!("sha256:{}", "0".repeat(64));
     for j in 0..ARTIFACTS {
         env.apply(&json!({
             "apiVersion": ARTIFACT, "kind": "Artifact",
-            "metadata": {"name": format!("a{j}"), "namespace": n},
+            "metadata": {"name": format!("a{j}"), "namespace": ns},
             "spec": {"url": "http://127.0.0.1:1/a.tar.gz", "revision": "start", "digest": digest},
         }))
         .await
         .context("creating an Artifact")?;
     }
+    Ok((replicas, leader))
+}
+
+/// The APIs of the kinds exports may have: ExternalArtifacts or shadow
+/// OCIRepositories, as the cluster's Flux flags allow.
+pub async fn export_apis(
+    env: &support::Env,
+    ns: &str,
+) -> Vec<kube::Api<kube::core::DynamicObject>> {
+    let mut kinds = Vec::new();
+    for kind in ["ExternalArtifact", "OCIRepository"] {
+        if let Ok((api, _)) = support::dynamic_api(&env.client, SOURCE, kind, Some(ns)).await {
+            kinds.push(api);
+        }
+    }
+    kinds
+}
+
+/// Each exported Artifact's name and the revision its export carries.
+pub async fn exported(
+    apis: &[kube::Api<kube::core::DynamicObject>],
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut seen = BTreeMap::new();
+    for api in apis {
+        let list = api.list(&ListParams::default()).await?;
+        seen.extend(list.items.iter().filter_map(|export| {
+            let name = export
+                .metadata
+                .name
+                .clone()?
+                .strip_suffix(".artifact.openflux.dev")?
+                .to_string();
+            // The Artifact's own revision: a shadow keeps it in its
+            // origin metadata when its revision had to be the digest.
+            let artifact = export.data.pointer("/status/artifact")?;
+            let revision = artifact
+                .pointer("/metadata/org.opencontainers.image.revision")
+                .or_else(|| artifact.get("revision"))?
+                .as_str()?
+                .to_string();
+            Some((name, revision))
+        }));
+    }
+    Ok(seen)
+}
+
+/// Runs the scenario with `updates` Artifact updates.
+pub async fn run(updates: usize) -> anyhow::Result<Outcome> {
+    let env = support::cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
+    let ns = env.namespace("failover").await;
+    let n = ns.name().to_string();
+    let (mut replicas, leader) = two_replicas(&env, &n).await?;
+    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n)).await?;
     let mut last: BTreeMap<String, String> = BTreeMap::new();
     let started = Instant::now();
     let mut killed_at = None;
@@ -110,41 +160,14 @@ pub async fn run(updates: usize) -> anyhow::Result<Outcome> {
     let last_update = Instant::now();
     let update_rate = updates as f64 / started.elapsed().as_secs_f64();
     let standby = &replicas[1 - leader];
-    // Exported as ExternalArtifacts or shadow OCIRepositories, as the
-    // cluster's Flux flags allow.
-    let mut kinds = Vec::new();
-    for kind in ["ExternalArtifact", "OCIRepository"] {
-        if let Ok((api, _)) = support::dynamic_api(&env.client, SOURCE, kind, Some(&n)).await {
-            kinds.push(api);
-        }
-    }
+    let kinds = export_apis(&env, &n).await;
     let mut failover_after = None;
     let mut missing = usize::MAX;
     while last_update.elapsed() < CONVERGENCE_BOUND * 3 {
         if failover_after.is_none() && leads(standby).await {
             failover_after = killed_at.map(|k| k.elapsed());
         }
-        let mut seen: BTreeMap<String, String> = BTreeMap::new();
-        for api in &kinds {
-            let list = api.list(&ListParams::default()).await?;
-            seen.extend(list.items.iter().filter_map(|export| {
-                let name = export
-                    .metadata
-                    .name
-                    .clone()?
-                    .strip_suffix(".artifact.openflux.dev")?
-                    .to_string();
-                // The Artifact's own revision: a shadow keeps it in its
-                // origin metadata when its revision had to be the digest.
-                let artifact = export.data.pointer("/status/artifact")?;
-                let revision = artifact
-                    .pointer("/metadata/org.opencontainers.image.revision")
-                    .or_else(|| artifact.get("revision"))?
-                    .as_str()?
-                    .to_string();
-                Some((name, revision))
-            }));
-        }
+        let seen = exported(&kinds).await?;
         missing = last
             .iter()
             .filter(|(k, v)| seen.get(*k) != Some(*v))
