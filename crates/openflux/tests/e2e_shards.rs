@@ -191,8 +191,8 @@ async fn wait_kustomization_ready(env: &Env, ns: &str, name: &str) {
     .await;
 }
 
-/// Waits until the Artifact mirrored from GitRepository `name` is Ready and
-/// carries `shard`'s label; returns it.
+/// Waits until the Artifact mirrored from GitRepository `name` carries the
+/// source's revision and `shard`'s label; returns it.
 async fn wait_mirrored(env: &Env, ns: &str, name: &str, shard: Option<&str>) -> DynamicObject {
     let artifact = format!("gitrepository-{name}");
     wait_for(
@@ -200,9 +200,11 @@ async fn wait_mirrored(env: &Env, ns: &str, name: &str, shard: Option<&str>) -> 
         TIMEOUT,
         || async {
             let a = env.find(ARTIFACT, "Artifact", ns, &artifact).await?;
-            let ready = ready_condition(&a)?;
+            let source = env.find(SOURCE, "GitRepository", ns, name).await?;
+            let revision = field(&source, "/status/artifact/revision")?;
+            let current = field(&a, "/spec/revision") == Some(revision);
             let labelled = a.labels().get(SHARD_LABEL).map(String::as_str) == shard;
-            (ready.0 == "True" && ready.1 == "Mirrored" && labelled).then_some(a)
+            (current && labelled).then_some(a)
         },
     )
     .await
