@@ -66,9 +66,18 @@ async fn start_shard(env: &Env, ns: &str, selector: &str, certs: &Path, addr: &s
     Openflux::start(env, name, &args).await
 }
 
-/// How often `of` reconciled the Artifact `ns`/`name` (its mirror or its
-/// export), from its per-object reconcile histogram.
+/// How often `of` wrote or reconciled the Artifact `ns`/`name`: for a
+/// mirrored one (which has no per-object series), its log lines saying it
+/// mirrored that Artifact; for another, its per-object reconcile histogram.
 async fn reconciles(of: &Openflux, ns: &str, name: &str) -> f64 {
+    if name.starts_with("gitrepository-") {
+        let log = std::fs::read_to_string(&of.log).unwrap_or_default();
+        let artifact = format!("\"{name}\"");
+        return log
+            .lines()
+            .filter(|l| l.contains("mirrored artifact") && l.contains(&artifact))
+            .count() as f64;
+    }
     let (name, ns) = (format!("name=\"{name}\""), format!("namespace=\"{ns}\""));
     of.metrics()
         .await
