@@ -44,6 +44,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::review", Layer::Pure),
     ("webhook::review::prune", Layer::Pure),
     ("webhook::answer", Layer::Pure),
+    ("webhook::large", Layer::Shell),
     ("webhook::rewrite", Layer::Pure),
     ("webhook::rewrite::refs", Layer::Pure),
     ("webhook::rewrite::targets", Layer::Pure),
