@@ -7,9 +7,12 @@
 
 mod entry;
 
-pub use entry::{ArtifactKey, IndexedArtifact, Owner, SourceKey};
+pub use entry::{ArtifactKey, IndexedArtifact, Owner, SourceKey, Text};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use entry::{ArtifactKeyRef, KindKeyRef, SourceKeyRef};
+use hashbrown::{HashMap, HashSet};
 
 use crate::api::Artifact;
 use crate::identity::{self, Candidate};
@@ -53,10 +56,14 @@ pub struct SourceMatch {
 #[derive(Debug, Default)]
 pub struct OwnerIndex {
     artifacts: HashMap<ArtifactKey, IndexedArtifact>,
-    by_source: HashMap<SourceKey, SmallSet<String>>,
+    by_source: HashMap<SourceKey, SmallSet<Text>>,
     /// (kind, namespace, name) -> groups that have such a source with Artifacts.
-    by_kind: HashMap<(String, String, String), SmallSet<String>>,
-    by_uid: HashMap<String, SmallSet<ArtifactKey>>,
+    by_kind: HashMap<(Text, Text, Text), SmallSet<Text>>,
+    by_uid: HashMap<Text, SmallSet<ArtifactKey>>,
+    /// Namespaces, groups, kinds and apiVersions, each kept once. Emptied
+    /// with the rest on a reset, so it holds no more than the words of the
+    /// Artifacts seen since the last complete list.
+    words: HashSet<Text>,
     synced: bool,
 }
 
@@ -108,17 +115,36 @@ impl OwnerIndex {
         self.by_source.clear();
         self.by_kind.clear();
         self.by_uid.clear();
+        self.words.clear();
         for entry in entries {
             self.insert(entry);
         }
         self.synced = true;
     }
 
-    fn insert(&mut self, entry: IndexedArtifact) {
+    /// The one copy of `text` the index keeps.
+    fn word(&mut self, text: &Text) -> Text {
+        match self.words.get(&**text) {
+            Some(kept) => kept.clone(),
+            None => {
+                self.words.insert(text.clone());
+                text.clone()
+            }
+        }
+    }
+
+    fn insert(&mut self, mut entry: IndexedArtifact) {
         if self.artifacts.get(&entry.key) == Some(&entry) {
             return;
         }
         self.remove(&entry.key);
+        entry.key.namespace = self.word(&entry.key.namespace);
+        if let Some(owner) = &mut entry.owner {
+            owner.source.namespace = entry.key.namespace.clone();
+            owner.source.group = self.word(&owner.source.group);
+            owner.source.kind = self.word(&owner.source.kind);
+            owner.api_version = self.word(&owner.api_version);
+        }
         if let Some(owner) = &entry.owner {
             let names = self.by_source.entry(owner.source.clone()).or_default();
             names.insert(entry.key.name.clone());
@@ -167,7 +193,7 @@ impl OwnerIndex {
     /// returns whether it changed.
     pub fn record_verdict(&mut self, key: &ArtifactKey, uid: &str, trusted: bool) -> bool {
         match self.artifacts.get_mut(key) {
-            Some(entry) if entry.uid == uid && entry.untrusted == trusted => {
+            Some(entry) if &*entry.uid == uid && entry.untrusted == trusted => {
                 entry.untrusted = !trusted;
                 true
             }
@@ -177,10 +203,7 @@ impl OwnerIndex {
 
     /// One Artifact by namespace and name.
     pub fn artifact(&self, namespace: &str, name: &str) -> Option<&IndexedArtifact> {
-        self.artifacts.get(&ArtifactKey {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        })
+        self.artifacts.get(&ArtifactKeyRef { namespace, name })
     }
 
     /// The Artifacts of a source. `group: None` matches by kind alone, which
@@ -193,11 +216,29 @@ impl OwnerIndex {
         namespace: &str,
         name: &str,
     ) -> Result<Option<SourceMatch>, LookupError> {
+        let Some(source) = self.find_source(group, kind, namespace, name)? else {
+            return Ok(None);
+        };
+        Ok(self.by_source.get(source).map(|names| SourceMatch {
+            artifacts: names.iter().map(|n| n.to_string()).collect(),
+            source: source.clone(),
+        }))
+    }
+
+    /// The key of a source that has Artifacts, as [`Self::lookup_source`]
+    /// finds it, without copying anything: what the webhook asks on every
+    /// request.
+    pub fn find_source(
+        &self,
+        group: Option<&str>,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<&SourceKey>, LookupError> {
         let group = match group {
-            Some(g) => g.to_string(),
+            Some(g) => g,
             None => {
-                let kk = (kind.to_string(), namespace.to_string(), name.to_string());
-                let Some(groups) = self.by_kind.get(&kk) else {
+                let Some(groups) = self.by_kind.get(&KindKeyRef(kind, namespace, name)) else {
                     return Ok(None);
                 };
                 if groups.len() > 1 {
@@ -209,21 +250,18 @@ impl OwnerIndex {
                     });
                 }
                 match groups.iter().next() {
-                    Some(g) => g.clone(),
+                    Some(g) => &**g,
                     None => return Ok(None),
                 }
             }
         };
-        let source = SourceKey {
+        let source = SourceKeyRef {
             group,
-            kind: kind.to_string(),
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            kind,
+            namespace,
+            name,
         };
-        Ok(self.by_source.get(&source).map(|names| SourceMatch {
-            artifacts: names.iter().cloned().collect(),
-            source,
-        }))
+        Ok(self.by_source.get_key_value(&source).map(|(key, _)| key))
     }
 
     /// The Artifacts whose controller owner has this UID.
@@ -253,7 +291,7 @@ impl OwnerIndex {
             .filter_map(|n| self.artifact(&source.namespace, n))
             .filter(|a| !a.untrusted)
             .map(|a| Candidate {
-                name: a.key.name.clone(),
+                name: a.key.name.to_string(),
                 created: a.created.as_deref(),
                 labelled_default: a.labelled_default,
             })
@@ -290,7 +328,7 @@ impl OwnerIndex {
             let kind = a
                 .owner
                 .as_ref()
-                .map(|o| o.source.kind.clone())
+                .map(|o| o.source.kind.to_string())
                 .unwrap_or_default();
             *counts.entry(kind).or_default() += 1;
         }
@@ -298,7 +336,7 @@ impl OwnerIndex {
     }
 }
 
-fn kind_key(source: &SourceKey) -> (String, String, String) {
+fn kind_key(source: &SourceKey) -> (Text, Text, Text) {
     (
         source.kind.clone(),
         source.namespace.clone(),
@@ -309,6 +347,7 @@ fn kind_key(source: &SourceKey) -> (String, String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use crate::api::ArtifactSpec;
     use crate::identity::DEFAULT_ARTIFACT_LABEL;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -366,6 +405,40 @@ mod tests {
             Ok(None)
         );
         assert_eq!(idx.artifacts_of_owner_uid("u1").len(), 1);
+    }
+
+    #[test]
+    fn borrowed_lookups_find_every_entry_and_words_are_kept_once() {
+        let mut idx = OwnerIndex::new();
+        let mut entries = Vec::new();
+        for n in 0..50 {
+            let (ns, name, src) = (format!("ns-{}", n % 7), format!("a{n}"), format!("s{n}"));
+            let owner = (n % 3 != 0).then_some((HTTP, "HttpSource", src.as_str(), "u"));
+            let a = artifact(&ns, &name, owner);
+            entries.push(IndexedArtifact::from_artifact(&a).unwrap());
+        }
+        idx.reset(entries.clone());
+        for e in &entries {
+            // Looked up by &str: hashes as the owned key does.
+            let found = idx.artifact(&e.key.namespace, &e.key.name).unwrap();
+            assert_eq!(found, e);
+            if let Some(o) = &e.owner {
+                let s = &o.source;
+                let key = idx.find_source(Some(&s.group), &s.kind, &s.namespace, &s.name);
+                assert_eq!(key, Ok(Some(s)));
+                let key = idx.find_source(None, &s.kind, &s.namespace, &s.name);
+                assert_eq!(key, Ok(Some(s)));
+                // Interned: the namespace of the key and of the owner are
+                // one string, and so are the kinds of all owners.
+                let kept = idx.artifact(&e.key.namespace, &e.key.name).unwrap();
+                let owner = kept.owner.as_ref().unwrap();
+                assert!(Arc::ptr_eq(&kept.key.namespace, &owner.source.namespace));
+                let first = idx.artifact("ns-1", "a1").unwrap().owner.as_ref().unwrap();
+                assert!(Arc::ptr_eq(&first.source.kind, &owner.source.kind));
+            }
+        }
+        assert!(idx.artifact("ns-1", "a2").is_none());
+        assert_eq!(idx.find_source(None, "HttpSource", "ns-1", "s2"), Ok(None));
     }
 
     #[test]

@@ -43,6 +43,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::decision", Layer::Pure),
     ("webhook::review", Layer::Pure),
     ("webhook::review::prune", Layer::Pure),
+    ("webhook::review::encode", Layer::Pure),
     ("webhook::answer", Layer::Pure),
     ("webhook::large", Layer::Shell),
     ("webhook::rewrite", Layer::Pure),

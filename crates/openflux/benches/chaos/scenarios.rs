@@ -50,7 +50,7 @@ pub async fn reviews(options: &Options) -> anyhow::Result<Vec<Row>> {
             continue;
         };
         let text = match &answered.review {
-            Ok(review) => serde_json::to_vec(review)?,
+            Ok(review) => review.clone(),
             Err(message) => message.clone().into_bytes(),
         };
         match reviews::check(answered.status.as_u16(), &text) {

@@ -208,7 +208,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             api_version: served.resource.api_version.clone(),
             kind: served.resource.kind.clone(),
             name: export_name.clone(),
-            namespace: Some(namespace.clone()),
+            namespace: Some(namespace.to_string()),
         });
     }
     exporter

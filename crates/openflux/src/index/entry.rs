@@ -2,19 +2,37 @@
 //! key, its controller owner, and what the default rule weighs.
 
 use std::fmt;
+use std::sync::Arc;
 
+use hashbrown::Equivalent;
 use kube::ResourceExt;
 
 use crate::api::{reason, split_api_version, Artifact};
 use crate::identity::DEFAULT_ARTIFACT_LABEL;
 
+/// Text the index keeps: shared, so one string serves every map that
+/// names it, and the namespaces, groups and kinds of all Artifacts are kept
+/// once each ([`super::OwnerIndex`] interns them).
+pub type Text = Arc<str>;
+
 /// Identity of a source object: API group, kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceKey {
-    pub group: String,
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    pub group: Text,
+    pub kind: Text,
+    pub namespace: Text,
+    pub name: Text,
+}
+
+impl SourceKey {
+    pub fn new(group: &str, kind: &str, namespace: &str, name: &str) -> Self {
+        SourceKey {
+            group: group.into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
 }
 
 impl fmt::Display for SourceKey {
@@ -32,21 +50,70 @@ impl fmt::Display for SourceKey {
     }
 }
 
+/// A [`SourceKey`] borrowed from a request: looks one up without copying.
+/// Hashes as the key does (the same fields, in the same order).
+#[derive(Clone, Copy, Debug, Hash)]
+pub(crate) struct SourceKeyRef<'a> {
+    pub group: &'a str,
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl Equivalent<SourceKey> for SourceKeyRef<'_> {
+    fn equivalent(&self, key: &SourceKey) -> bool {
+        self.name == &*key.name
+            && self.namespace == &*key.namespace
+            && self.kind == &*key.kind
+            && self.group == &*key.group
+    }
+}
+
+/// The key of the index's groups by kind, namespace and name, borrowed.
+#[derive(Clone, Copy, Debug, Hash)]
+pub(crate) struct KindKeyRef<'a>(pub &'a str, pub &'a str, pub &'a str);
+
+impl Equivalent<(Text, Text, Text)> for KindKeyRef<'_> {
+    fn equivalent(&self, key: &(Text, Text, Text)) -> bool {
+        self.2 == &*key.2 && self.1 == &*key.1 && self.0 == &*key.0
+    }
+}
+
+/// An [`ArtifactKey`] borrowed.
+#[derive(Clone, Copy, Debug, Hash)]
+pub(crate) struct ArtifactKeyRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl Equivalent<ArtifactKey> for ArtifactKeyRef<'_> {
+    fn equivalent(&self, key: &ArtifactKey) -> bool {
+        self.name == &*key.name && self.namespace == &*key.namespace
+    }
+}
+
 /// Identity of an Artifact: namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ArtifactKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Text,
+    pub name: Text,
 }
 
 impl ArtifactKey {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        ArtifactKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
     /// The key of `artifact`; `None` when it has no namespace or name (never
     /// the case for stored objects).
     pub fn of(artifact: &Artifact) -> Option<Self> {
-        Some(Self {
-            namespace: artifact.metadata.namespace.clone()?,
-            name: artifact.metadata.name.clone()?,
-        })
+        Some(Self::new(
+            artifact.metadata.namespace.as_deref()?,
+            artifact.metadata.name.as_deref()?,
+        ))
     }
 }
 
@@ -61,19 +128,19 @@ impl fmt::Display for ArtifactKey {
 pub struct Owner {
     pub source: SourceKey,
     /// `apiVersion` as written in the ownerReference.
-    pub api_version: String,
-    pub uid: String,
+    pub api_version: Text,
+    pub uid: Text,
 }
 
 /// What the index keeps of one Artifact.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexedArtifact {
     pub key: ArtifactKey,
-    pub uid: String,
+    pub uid: Text,
     pub owner: Option<Owner>,
     /// Creation time as the API server wrote it (RFC 3339, seconds, UTC:
     /// its text order is its time order).
-    pub created: Option<String>,
+    pub created: Option<Text>,
     /// Whether the producer labelled it its source's default Artifact.
     pub labelled_default: bool,
     /// Whether the trust check refused it: its writer may not speak for its
@@ -95,24 +162,24 @@ impl IndexedArtifact {
             let (group, _) = split_api_version(&o.api_version);
             Owner {
                 source: SourceKey {
-                    group: group.to_string(),
-                    kind: o.kind.clone(),
+                    group: group.into(),
+                    kind: o.kind.as_str().into(),
                     namespace: namespace.clone(),
-                    name: o.name.clone(),
+                    name: o.name.as_str().into(),
                 },
-                api_version: o.api_version.clone(),
-                uid: o.uid.clone(),
+                api_version: o.api_version.as_str().into(),
+                uid: o.uid.as_str().into(),
             }
         });
         Some(Self {
             key,
-            uid: artifact.uid().unwrap_or_default(),
+            uid: artifact.metadata.uid.as_deref().unwrap_or_default().into(),
             owner,
             created: artifact
                 .metadata
                 .creation_timestamp
                 .as_ref()
-                .map(|t| t.0.to_string()),
+                .map(|t| t.0.to_string().into()),
             labelled_default: artifact
                 .labels()
                 .get(DEFAULT_ARTIFACT_LABEL)

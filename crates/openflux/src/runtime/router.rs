@@ -152,8 +152,8 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
         if let Some(stock) = StockSource::find(&owner.source.group, &owner.source.kind) {
             wake.insert(Wake::Mirror {
                 source: stock.kind,
-                namespace: owner.source.namespace.clone(),
-                name: owner.source.name.clone(),
+                namespace: owner.source.namespace.to_string(),
+                name: owner.source.name.to_string(),
             });
             return wake;
         }
@@ -211,8 +211,8 @@ fn owners(object: &DynamicObject) -> impl Iterator<Item = Wake> + '_ {
         .filter(|o| o.kind == KIND && o.api_version == API_VERSION)
         .map(move |o| {
             Wake::Export(ArtifactKey {
-                namespace: namespace.clone(),
-                name: o.name.clone(),
+                namespace: namespace.as_str().into(),
+                name: o.name.as_str().into(),
             })
         })
 }

@@ -4,7 +4,6 @@
 //! calls it with a million generated ones.
 
 use axum::http::StatusCode;
-use serde_json::Value;
 
 use super::consumers;
 use super::decision::{Decision, Options};
@@ -15,9 +14,9 @@ use super::rewrite::{decide, writer, View};
 #[derive(Debug)]
 pub struct Answer {
     pub status: StatusCode,
-    /// The AdmissionReview answering the request, or for a body no
-    /// AdmissionReview can answer (status 400), the reason as text.
-    pub review: Result<Value, String>,
+    /// The AdmissionReview answering the request, as JSON, or for a body
+    /// no AdmissionReview can answer (status 400), the reason as text.
+    pub review: Result<Vec<u8>, String>,
     pub consumer: &'static str,
     pub outcome: &'static str,
     /// Whom the request was about: uid, namespace, name.
@@ -66,23 +65,21 @@ pub fn answer_parsed(
         .map(|c| c.label())
         .or_else(|| writer::is_artifact_resource(group, resource).then_some("artifacts"))
         .unwrap_or("unknown");
-    let name = request
-        .object
-        .as_ref()
-        .and_then(|o| o.pointer("/metadata/name"))
-        .and_then(|n| n.as_str())
-        .or(request.name.as_deref())
-        .unwrap_or("");
-    let subject = [
-        request.uid.clone(),
-        request.namespace.clone().unwrap_or_default(),
-        name.to_string(),
-    ];
     let mut decision = decide(&request, view, options);
     let review = review::response(&request.uid, &decision).unwrap_or_else(|error| {
         decision = Decision::internal(error.to_string());
         review::refusal(&request.uid, 500, &error.to_string())
     });
+    // The request is done with: its strings move into the subject.
+    let name = request
+        .object
+        .as_ref()
+        .and_then(|o| o.pointer("/metadata/name"))
+        .and_then(|n| n.as_str())
+        .map(str::to_string)
+        .or(request.name)
+        .unwrap_or_default();
+    let subject = [request.uid, request.namespace.unwrap_or_default(), name];
     Answer {
         status: StatusCode::OK,
         review: Ok(review),

@@ -11,16 +11,12 @@ use std::fmt;
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::decision::Decision;
-
+mod encode;
 pub mod prune;
 
-/// `apiVersion` of the AdmissionReview openflux speaks.
-pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
-/// `kind` of an AdmissionReview.
-pub const ADMISSION_KIND: &str = "AdmissionReview";
+pub use encode::{refusal, response, EncodeError, ADMISSION_API_VERSION, ADMISSION_KIND};
 
 /// What an admission request is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -304,64 +300,11 @@ impl<'de> Deserialize<'de> for RequestUid {
     }
 }
 
-/// A decision that cannot be put on the wire: the JSON patch openflux built
-/// does not serialize. openflux's own code rules this out, so it is an
-/// internal error, answered as such and never as an empty patch.
-#[derive(Debug, thiserror::Error)]
-#[error("openflux cannot encode the JSON patch it decided on: {0}")]
-pub struct EncodeError(#[from] serde_json::Error);
-
-/// The AdmissionReview answering request `uid` with `decision`.
-pub fn response(uid: &str, decision: &Decision) -> Result<Value, EncodeError> {
-    let mut response = json!({ "uid": uid, "allowed": true });
-    match decision {
-        Decision::Unchanged => {}
-        Decision::Rewrite { patch, warnings } => {
-            let bytes = serde_json::to_vec(patch)?;
-            response["patchType"] = json!("JSONPatch");
-            response["patch"] = json!(k8s_openapi::ByteString(bytes));
-            if !warnings.is_empty() {
-                response["warnings"] = json!(warnings);
-            }
-        }
-        Decision::Deny { message } => return Ok(refusal(uid, 403, message)),
-        Decision::Error { code, message } => return Ok(refusal(uid, *code, message)),
-    }
-    Ok(review(response))
-}
-
-/// The AdmissionReview refusing request `uid` with HTTP status `code`
-/// (403: denied; 400, 500, 503: not decided) and `message`.
-pub fn refusal(uid: &str, code: u16, message: &str) -> Value {
-    let reason = match code {
-        400 => "BadRequest",
-        403 => "Forbidden",
-        503 => "ServiceUnavailable",
-        _ => "InternalError",
-    };
-    review(json!({
-        "uid": uid,
-        "allowed": false,
-        "status": {
-            "status": "Failure",
-            "code": code,
-            "reason": reason,
-            "message": message,
-        },
-    }))
-}
-
-fn review(response: Value) -> Value {
-    json!({
-        "apiVersion": ADMISSION_API_VERSION,
-        "kind": ADMISSION_KIND,
-        "response": response,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::decision::Decision;
+    use serde_json::json;
 
     const REVIEW: &str = r#"{
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -545,14 +488,17 @@ mod tests {
             {"op": "replace", "path": "/spec/x", "value": 1}
         ]))
         .unwrap();
-        let out = response(
-            "u-1",
-            &Decision::Rewrite {
-                patch,
-                warnings: vec!["w".into()],
-            },
-        )
-        .unwrap();
+        let json = |bytes: Vec<u8>| -> Value { serde_json::from_slice(&bytes).unwrap() };
+        let out = json(
+            response(
+                "u-1",
+                &Decision::Rewrite {
+                    patch,
+                    warnings: vec!["w".into()],
+                },
+            )
+            .unwrap(),
+        );
         assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(out["response"]["uid"], "u-1");
         assert_eq!(out["response"]["allowed"], true);
@@ -566,35 +512,44 @@ mod tests {
         );
         assert_eq!(out["response"]["warnings"], json!(["w"]));
 
-        let out = response(
-            "u-2",
-            &Decision::Deny {
-                message: "no".into(),
-            },
-        )
-        .unwrap();
+        let out = json(
+            response(
+                "u-2",
+                &Decision::Deny {
+                    message: "no".into(),
+                },
+            )
+            .unwrap(),
+        );
         assert_eq!(out["response"]["allowed"], false);
         assert_eq!(out["response"]["status"]["code"], 403);
         assert_eq!(out["response"]["status"]["message"], "no");
 
-        let out = response(
-            "u-3",
-            &Decision::Error {
-                code: 400,
-                message: "bad".into(),
-            },
-        )
-        .unwrap();
+        let out = json(
+            response(
+                "u-3",
+                &Decision::Error {
+                    code: 400,
+                    message: "bad".into(),
+                },
+            )
+            .unwrap(),
+        );
         assert_eq!(out["response"]["status"]["code"], 400);
         assert_eq!(out["response"]["status"]["reason"], "BadRequest");
 
-        let out = response("u-4", &Decision::Unchanged).unwrap();
+        let out = json(response("u-4", &Decision::Unchanged).unwrap());
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(out["kind"], "AdmissionReview");
         assert_eq!(out["response"], json!({"uid": "u-4", "allowed": true}));
 
-        let out = response("u-5", &Decision::internal("impossible")).unwrap();
+        let out = json(response("u-5", &Decision::internal("impossible")).unwrap());
         assert_eq!(out["response"]["allowed"], false);
         assert_eq!(out["response"]["status"]["code"], 500);
         assert_eq!(out["response"]["status"]["reason"], "InternalError");
-        assert_eq!(out, refusal("u-5", 500, "impossible"));
+        assert_eq!(out, json(refusal("u-5", 500, "impossible")));
+        // A message with quotes and a newline stays one JSON string.
+        let out = json(refusal("u-6", 403, "say \"no\"\n"));
+        assert_eq!(out["response"]["status"]["message"], "say \"no\"\n");
     }
 }

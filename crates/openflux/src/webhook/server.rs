@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::Router;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -31,6 +31,8 @@ use super::rewrite::View;
 use crate::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::locks;
+
+const JSON: header::HeaderValue = header::HeaderValue::from_static("application/json");
 
 /// Path the API server posts AdmissionReviews to.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -125,10 +127,11 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
     let started = Instant::now();
     let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request)).await;
     let (answer, response) = match handled {
-        Ok(Ok(answer)) => {
-            let response = match &answer.review {
-                Ok(review) => (answer.status, Json(review)).into_response(),
-                Err(message) => (answer.status, message.clone()).into_response(),
+        Ok(Ok(mut answer)) => {
+            let (status, json) = (answer.status, [(header::CONTENT_TYPE, JSON)]);
+            let response = match &mut answer.review {
+                Ok(review) => (status, json, std::mem::take(review)).into_response(),
+                Err(message) => (status, std::mem::take(message)).into_response(),
             };
             (answer, response)
         }

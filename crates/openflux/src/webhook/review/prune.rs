@@ -115,16 +115,12 @@ impl<'de> Visitor<'de> for Pruned<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut kept = Map::new();
-        while let Some(key) = map.next_key::<KeyOf>()? {
-            let keep = match &key {
-                KeyOf::Kept(name) => self.0.fields.get_key_value(name.as_str()),
-                KeyOf::Other => None,
-            };
-            match (keep, key) {
-                (Some((_, keep)), KeyOf::Kept(name)) => {
-                    kept.insert(name, map.next_value_seed(Pruned(keep))?);
+        while let Some(key) = map.next_key_seed(KeySeed(self.0))? {
+            match key {
+                Some((name, keep)) => {
+                    kept.insert(name.to_string(), map.next_value_seed(Pruned(keep))?);
                 }
-                _ => {
+                None => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -133,33 +129,31 @@ impl<'de> Visitor<'de> for Pruned<'_> {
     }
 }
 
-/// An object key: kept as a string only when it is short enough to be one
-/// the decision reads; long keys are skipped without a copy.
-enum KeyOf {
-    Kept(String),
-    Other,
+/// Reads an object key and looks it up among the fields to keep, without
+/// copying it: a key the decision does not read costs no allocation.
+struct KeySeed<'k>(&'k Keep);
+
+impl<'de, 'k> DeserializeSeed<'de> for KeySeed<'k> {
+    type Value = Option<(&'static str, &'k Keep)>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
 }
 
-/// Longest field name the decision reads (the annotation's name).
-const LONGEST_KEY: usize = 64;
+impl<'k> Visitor<'_> for KeySeed<'k> {
+    type Value = Option<(&'static str, &'k Keep)>;
 
-impl<'de> serde::Deserialize<'de> for KeyOf {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl Visitor<'_> for KeyVisitor {
-            type Value = KeyOf;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object key")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<KeyOf, E> {
-                Ok(if v.len() <= LONGEST_KEY {
-                    KeyOf::Kept(v.to_string())
-                } else {
-                    KeyOf::Other
-                })
-            }
-        }
-        deserializer.deserialize_str(KeyVisitor)
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self
+            .0
+            .fields
+            .get_key_value(v)
+            .map(|(name, keep)| (*name, keep)))
     }
 }
 

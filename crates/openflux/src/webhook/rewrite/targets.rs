@@ -95,7 +95,7 @@ impl Resolver<'_> {
         r: &SourceRef,
         namespace: &str,
     ) -> Result<Target, Decision> {
-        match self.index.lookup_source(r.group(), &r.kind, namespace, &r.name) {
+        match self.index.find_source(r.group(), &r.kind, namespace, &r.name) {
             Err(LookupError::Ambiguous { candidates, .. }) => Err(Decision::Deny {
                 message: format!(
                     "openflux: {} refers to {} {namespace}/{} in {} without apiVersion, and several APIs \
@@ -120,9 +120,8 @@ impl Resolver<'_> {
                 );
                 self.export(name, Some(warning))
             }
-            Ok(Some(m)) => {
-                let name =
-                    identity::source_export_name(&m.source.group, &m.source.kind, &m.source.name);
+            Ok(Some(source)) => {
+                let name = identity::source_export_name(&source.group, &source.kind, &source.name);
                 self.export(name, None)
             }
         }
@@ -163,9 +162,9 @@ impl Resolver<'_> {
                     });
                 }
                 Ok(Target {
-                    api_version: owner.api_version.clone(),
-                    kind: kind.clone(),
-                    name: owner.source.name.clone(),
+                    api_version: owner.api_version.to_string(),
+                    kind: kind.to_string(),
+                    name: owner.source.name.to_string(),
                     warning: None,
                 })
             }
