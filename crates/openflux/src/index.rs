@@ -347,10 +347,10 @@ fn kind_key(source: &SourceKey) -> (Text, Text, Text) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use crate::api::ArtifactSpec;
     use crate::identity::DEFAULT_ARTIFACT_LABEL;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use std::sync::Arc;
 
     fn artifact(ns: &str, name: &str, owner: Option<(&str, &str, &str, &str)>) -> Artifact {
         let mut a = Artifact::new(

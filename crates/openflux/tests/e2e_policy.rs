@@ -17,9 +17,13 @@
 
 use openflux_testkit as support;
 
+#[path = "common/https.rs"]
+mod https;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
+use https::HttpsServer;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::ResourceExt;
@@ -337,36 +341,14 @@ async fn the_garbage_collector_deletes_or_orphans_exports_with_their_artifact() 
 /// A webhook endpoint over HTTPS that admits everything unchanged and
 /// records the name of every object sent to it; stops when dropped.
 struct Recorder {
-    addr: std::net::SocketAddr,
+    server: HttpsServer,
     ca_pem: String,
     seen: Arc<Mutex<BTreeSet<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 async fn recorder() -> Recorder {
-    use openflux::certs::{self, Authority, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY};
+    use openflux::certs::{Authority, DEFAULT_CA_VALIDITY};
     let ca = Authority::generate(DEFAULT_CA_VALIDITY).expect("a test CA");
-    let issued = ca
-        .issue(
-            &["localhost".into()],
-            &["127.0.0.1".parse().expect("an address")],
-            DEFAULT_CERT_VALIDITY,
-        )
-        .expect("a serving certificate");
-    let material = certs::material_from_pem(
-        issued.cert_pem.as_bytes(),
-        issued.key_pem.as_bytes(),
-        Some(ca.cert_pem.as_bytes()),
-    )
-    .expect("TLS material");
-    let resolver = Arc::new(certs::SwappableCert::new(material.certified));
-    let tls = Arc::new(certs::server_config(resolver).expect("TLS config"));
     let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     let record = seen.clone();
     let router = axum::Router::new().fallback(move |body: axum::body::Bytes| {
@@ -383,21 +365,10 @@ async fn recorder() -> Recorder {
             }))
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding the recorder");
-    let addr = listener.local_addr().expect("address");
-    let task = tokio::spawn(openflux::webhook::server::serve_tls(
-        listener,
-        tls,
-        router,
-        std::future::pending(),
-    ));
     Recorder {
-        addr,
+        server: HttpsServer::serve(&ca, router).await,
         ca_pem: ca.cert_pem.clone(),
         seen,
-        task,
     }
 }
 
@@ -425,7 +396,8 @@ async fn the_match_conditions_send_openflux_what_the_table_says() {
     let ns = env.namespace("match-conditions").await;
     let n = ns.name().to_string();
     let recorder = recorder().await;
-    let webhook = support::webhook::local_webhook(&env, "openflux-cel", &n, recorder.addr).await;
+    let webhook =
+        support::webhook::local_webhook(&env, "openflux-cel", &n, recorder.server.addr).await;
     let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(
         recorder.ca_pem.clone().into_bytes(),
     ))

@@ -2,12 +2,13 @@
 //! configuration of their own, an HTTPS server with a test CA.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use openflux::certs::{self, Authority, DEFAULT_CERT_VALIDITY};
+use openflux::certs::Authority;
 use openflux_testkit::webhook::{local_webhook, Webhook};
 use openflux_testkit::Env;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub use crate::https::HttpsServer;
 
 /// The kubeconfig of the test cluster (self-contained: certificates inline).
 pub fn kubeconfig(env: &Env) -> Vec<u8> {
@@ -36,50 +37,12 @@ pub async fn webhook_configuration(env: &Env, ns: &str, addr: SocketAddr) -> Web
 
 /// Serves `body` at every path over HTTPS on 127.0.0.1 with a certificate
 /// of `ca`; stops when dropped.
-pub struct HttpsServer {
-    pub addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl HttpsServer {
-    pub async fn start(ca: &Authority, body: Vec<u8>) -> HttpsServer {
-        let issued = ca
-            .issue(
-                &["localhost".into()],
-                &["127.0.0.1".parse().unwrap()],
-                DEFAULT_CERT_VALIDITY,
-            )
-            .expect("a serving certificate");
-        let material = certs::material_from_pem(
-            issued.cert_pem.as_bytes(),
-            issued.key_pem.as_bytes(),
-            Some(ca.cert_pem.as_bytes()),
-        )
-        .expect("TLS material");
-        let resolver = Arc::new(certs::SwappableCert::new(material.certified));
-        let tls = Arc::new(certs::server_config(resolver).expect("TLS config"));
-        let router = axum::Router::new().fallback(move || {
-            let body = body.clone();
-            async move { body }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding the HTTPS server");
-        let addr = listener.local_addr().expect("address");
-        let task = tokio::spawn(openflux::webhook::server::serve_tls(
-            listener,
-            tls,
-            router,
-            std::future::pending(),
-        ));
-        HttpsServer { addr, task }
-    }
-}
-
-impl Drop for HttpsServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+pub async fn serve_body(ca: &Authority, body: Vec<u8>) -> HttpsServer {
+    let router = axum::Router::new().fallback(move || {
+        let body = body.clone();
+        async move { body }
+    });
+    HttpsServer::serve(ca, router).await
 }
 
 /// The body of a plain HTTP GET of `url` (`http://host:port/path`).

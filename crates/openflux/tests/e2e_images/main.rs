@@ -14,13 +14,15 @@ use openflux_testkit as support;
 mod archive;
 mod dockerfile;
 mod fixtures;
+#[path = "../common/https.rs"]
+mod https;
 mod rooted;
 
 use std::process::Command;
 
 use archive::{archives, Image};
 use dockerfile::dockerfile_stage;
-use fixtures::{download, kubeconfig, openflux_kubeconfig, webhook_configuration, HttpsServer};
+use fixtures::{download, kubeconfig, openflux_kubeconfig, serve_body, webhook_configuration};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::Api;
 use kube::ResourceExt;
@@ -227,7 +229,7 @@ async fn http_source_image_fetches_over_https_with_a_mounted_ca() {
     let image = Image::unpack(&archives().join("openflux-http-source.oci.tar"));
     let ca = Authority::generate(DEFAULT_CA_VALIDITY).expect("a test CA");
     let (content, _) = tarball(&[("configmap.yaml", &support::configmap_yaml("https"))]);
-    let server = HttpsServer::start(&ca, content).await;
+    let server = serve_body(&ca, content).await;
 
     let env = cluster().await;
     support::install_artifact_crd(&env).await;
