@@ -144,8 +144,6 @@ impl OwnerIndex {
             owner.source.group = self.word(&owner.source.group);
             owner.source.kind = self.word(&owner.source.kind);
             owner.api_version = self.word(&owner.api_version);
-        }
-        if let Some(owner) = &entry.owner {
             let names = self.by_source.entry(owner.source.clone()).or_default();
             names.insert(entry.key.name.clone());
             self.by_kind

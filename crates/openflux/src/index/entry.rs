@@ -24,17 +24,6 @@ pub struct SourceKey {
     pub name: Text,
 }
 
-impl SourceKey {
-    pub fn new(group: &str, kind: &str, namespace: &str, name: &str) -> Self {
-        SourceKey {
-            group: group.into(),
-            kind: kind.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
 impl fmt::Display for SourceKey {
     /// `Kind.group ns/name`, the way `kubectl` spells a resource.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

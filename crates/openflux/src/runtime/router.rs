@@ -209,12 +209,7 @@ fn owners(object: &DynamicObject) -> impl Iterator<Item = Wake> + '_ {
         .iter()
         .flatten()
         .filter(|o| o.kind == KIND && o.api_version == API_VERSION)
-        .map(move |o| {
-            Wake::Export(ArtifactKey {
-                namespace: namespace.as_str().into(),
-                name: o.name.as_str().into(),
-            })
-        })
+        .map(move |o| Wake::Export(ArtifactKey::new(&namespace, &o.name)))
 }
 
 #[cfg(test)]
