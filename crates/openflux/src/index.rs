@@ -7,7 +7,7 @@
 
 mod entry;
 
-pub use entry::{ArtifactKey, IndexedArtifact, Owner, SourceKey, Text};
+pub use entry::{ArtifactKey, IndexedArtifact, MirroredState, Owner, SourceKey, Text};
 
 use std::collections::BTreeMap;
 

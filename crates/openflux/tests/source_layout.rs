@@ -34,6 +34,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("index", Layer::Pure),
     ("index::entry", Layer::Pure),
     ("mirror::plan", Layer::Pure),
+    ("mirror::source", Layer::Pure),
     ("export::plan", Layer::Pure),
     ("export::events", Layer::Pure),
     ("export::verify", Layer::Shell),

@@ -9,6 +9,7 @@ use kube::ResourceExt;
 
 use crate::api::{reason, split_api_version, Artifact};
 use crate::identity::DEFAULT_ARTIFACT_LABEL;
+use crate::mirror::plan::{fingerprint, is_mirrored};
 
 /// Text the index keeps: shared, so one string serves every map that
 /// names it, and the namespaces, groups and kinds of all Artifacts are kept
@@ -139,6 +140,17 @@ pub struct IndexedArtifact {
     /// Artifact never is its source's default, so it can neither take over
     /// nor block the source's export.
     pub untrusted: bool,
+    /// For the mirror of a stock Flux source, what the mirror compares: the
+    /// watch's cache does not keep these Artifacts whole.
+    pub mirrored: Option<MirroredState>,
+}
+
+/// What the mirror reads of an Artifact it keeps for a stock source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirroredState {
+    pub resource_version: Option<Text>,
+    /// [`crate::mirror::plan::fingerprint`] of the stored object.
+    pub fingerprint: u64,
 }
 
 impl IndexedArtifact {
@@ -176,6 +188,14 @@ impl IndexedArtifact {
             untrusted: artifact
                 .ready_condition()
                 .is_some_and(|c| c.status == "False" && c.reason == reason::UNTRUSTED),
+            mirrored: is_mirrored(artifact).then(|| MirroredState {
+                resource_version: artifact
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .map(Text::from),
+                fingerprint: fingerprint(artifact),
+            }),
         })
     }
 }

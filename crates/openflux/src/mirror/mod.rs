@@ -11,23 +11,28 @@
 //! runs the controller that writes what it decided.
 
 pub mod plan;
+pub mod source;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics};
 
-pub use plan::{is_own_export, plan, slim, slim_artifact, up_to_date, InvalidSource, Plan};
+pub use plan::{
+    fingerprint, is_mirrored, is_own_export, plan, slim, slim_artifact, InvalidSource, Plan,
+};
+pub use source::{FluxSource, SourceKind};
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
-use crate::controller::{apply_params, hash_of, reconcile_result, Context, Error};
+use crate::controller::{apply_params, reconcile_result, Context, Error};
+use crate::locks;
 use crate::telemetry::KindLabels;
 
 /// Finds the first version of `kind` the API server serves.
@@ -52,7 +57,7 @@ pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource
 /// One mirror controller for one source kind.
 pub struct Mirror {
     pub source: &'static StockSource,
-    pub resource: ApiResource,
+    pub resource: SourceKind,
 }
 
 impl Mirror {
@@ -62,21 +67,21 @@ impl Mirror {
     pub async fn run(
         self,
         ctx: Arc<Context>,
-        sources: Store<DynamicObject>,
-        triggers: impl futures::Stream<Item = ObjectRef<DynamicObject>> + Send + 'static,
+        sources: Store<FluxSource>,
+        triggers: impl futures::Stream<Item = ObjectRef<FluxSource>> + Send + 'static,
         concurrency: u16,
         shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ) {
         let stock = self.source;
         let kind = stock.kind;
-        let ar = Arc::new(self.resource.clone());
+        let ar = self.resource.clone();
         let metrics = ctx
             .metrics
             .reconciles
             .controller(&controller_id(stock), concurrency);
         // Every trigger comes from the router; the controller's own stream
         // stays empty.
-        let nothing = futures::stream::pending::<Result<DynamicObject, watcher::Error>>();
+        let nothing = futures::stream::pending::<Result<FluxSource, watcher::Error>>();
         Controller::for_stream_with(nothing, sources, self.resource)
             .with_config(ControllerConfig::default().concurrency(concurrency))
             .reconcile_on(triggers)
@@ -97,10 +102,10 @@ impl Mirror {
 
 #[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
 async fn reconcile(
-    source: Arc<DynamicObject>,
+    source: Arc<FluxSource>,
     ctx: Arc<Context>,
     stock: &'static StockSource,
-    ar: Arc<ApiResource>,
+    ar: SourceKind,
     metrics: ControllerMetrics,
 ) -> Result<Action, Error> {
     // Counted per controller only: a mirrored Artifact is a copy of a Flux
@@ -123,13 +128,13 @@ pub fn controller_id(stock: &StockSource) -> ControllerId {
 }
 
 async fn reconcile_inner(
-    source: &DynamicObject,
+    source: &FluxSource,
     ctx: &Context,
     stock: &'static StockSource,
-    ar: &ApiResource,
+    ar: &SourceKind,
 ) -> Result<Action, Error> {
     let namespace = source.namespace().ok_or(Error::MissingField("namespace"))?;
-    match plan(stock, &ar.api_version, source) {
+    match plan(stock, &ar.0.api_version, source) {
         Err(invalid) => {
             // Not retried: the source must change first.
             tracing::warn!(error = %invalid, "not mirroring");
@@ -144,23 +149,28 @@ async fn reconcile_inner(
 /// Deletes the Artifact `name` if `source` controls it.
 async fn remove(
     ctx: &Context,
-    source: &DynamicObject,
+    source: &FluxSource,
     namespace: &str,
     name: &str,
 ) -> Result<(), Error> {
-    let Some(current) = ctx.artifacts.get(&ObjectRef::new(name).within(namespace)) else {
-        return Ok(());
+    let source_uid = source.uid().unwrap_or_default();
+    let uid = {
+        let index = locks::read(&ctx.index);
+        let Some(current) = index.artifact(namespace, name) else {
+            return Ok(());
+        };
+        let ours = current
+            .owner
+            .as_ref()
+            .is_some_and(|o| *o.uid == *source_uid);
+        if !ours {
+            return Ok(());
+        }
+        current.uid.to_string()
     };
-    let source_uid = source.uid();
-    let ours = current
-        .controller_owner()
-        .is_some_and(|o| Some(&o.uid) == source_uid.as_ref());
-    if !ours {
-        return Ok(());
-    }
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: current.uid(),
+            uid: Some(uid),
             resource_version: None,
         }),
         ..Default::default()
@@ -176,6 +186,25 @@ async fn remove(
     Ok(())
 }
 
+/// What the owner index says of the stored Artifact `name`: whether it is
+/// the mirror of `desired`'s fingerprint, and the resource version to
+/// remember a write against (none when absent, or not a mirror at all).
+enum Stored {
+    UpToDate,
+    Differs(Option<String>),
+    Foreign,
+}
+
+fn stored(ctx: &Context, namespace: &str, name: &str, wanted: u64) -> Stored {
+    let index = locks::read(&ctx.index);
+    match index.artifact(namespace, name).map(|a| a.mirrored.as_ref()) {
+        None => Stored::Differs(None),
+        Some(None) => Stored::Foreign,
+        Some(Some(m)) if m.fingerprint == wanted => Stored::UpToDate,
+        Some(Some(m)) => Stored::Differs(m.resource_version.as_deref().map(str::to_string)),
+    }
+}
+
 /// Applies `desired` unless the Artifact already says it.
 async fn write(
     ctx: &Context,
@@ -184,20 +213,31 @@ async fn write(
     desired: &Artifact,
 ) -> Result<(), Error> {
     let name = desired.name_any();
-    let current = ctx.artifacts.get(&ObjectRef::new(&name).within(namespace));
-    if current.as_ref().is_some_and(|c| up_to_date(c, desired)) {
-        return Ok(());
-    }
     let key = format!("artifact/{namespace}/{name}");
-    let hash = hash_of(desired)?;
-    let rv = current.as_ref().and_then(|c| c.resource_version());
-    if ctx.memo.already_written(&key, rv.as_deref(), hash) {
-        return Ok(());
-    }
+    let wanted = fingerprint(desired);
+    // The resource version to remember the write against.
+    let remember = match stored(ctx, namespace, &name, wanted) {
+        Stored::UpToDate => {
+            // The cache shows the last write: nothing left to remember.
+            ctx.memo.forget(&key);
+            return Ok(());
+        }
+        Stored::Differs(rv) => {
+            if ctx.memo.already_written(&key, rv.as_deref(), wanted) {
+                return Ok(());
+            }
+            Some(rv)
+        }
+        // An Artifact of that name the mirror did not write: taken over,
+        // without the memo (the index keeps no resource version of it).
+        Stored::Foreign => None,
+    };
     ctx.artifact_api(namespace)
         .patch(&name, &apply_params(), &Patch::Apply(desired))
         .await?;
-    ctx.memo.record(key, rv, hash);
+    if let Some(rv) = remember {
+        ctx.memo.record(key, rv, wanted);
+    }
     let kind = stock.kind.to_string();
     ctx.metrics
         .mirrored

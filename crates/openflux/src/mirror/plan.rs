@@ -2,16 +2,18 @@
 //! it implies (or that it has none), whether a stored Artifact already says
 //! it, and the status openflux keeps on it. Plain functions from data to data.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
-use kube::core::DynamicObject;
 use kube::ResourceExt;
 
+use super::source::FluxSource;
 use crate::api::{
-    Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP, MANAGED_BY, MANAGED_BY_LABEL,
-    SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, MANAGED_BY,
+    MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
 use crate::{naming, shard};
 
@@ -40,7 +42,7 @@ pub struct InvalidSource {
 pub fn plan(
     stock: &StockSource,
     api_version: &str,
-    source: &DynamicObject,
+    source: &FluxSource,
 ) -> Result<Plan, InvalidSource> {
     let kind = stock.kind;
     let name = source.name_any();
@@ -49,33 +51,12 @@ pub fn plan(
         return Ok(Plan::Skip);
     }
     let artifact_name = naming::mirror_artifact_name(stock, &name);
-    // A slimmed source carries its artifact as JSON text (see [`slim`]).
-    let compact = source
-        .data
-        .as_str()
-        .map(serde_json::from_str::<serde_json::Value>)
-        .transpose()
-        .map_err(|e| InvalidSource {
-            kind: kind.to_string(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            detail: e.to_string(),
-        })?;
-    let raw = match &compact {
-        Some(artifact) => Some(artifact),
-        None => source.data.get("status").and_then(|s| s.get("artifact")),
-    };
-    let Some(raw) = raw else {
+    let Some(artifact) = source.artifact.as_deref() else {
         return Ok(Plan::Remove {
             name: artifact_name,
         });
     };
-    if raw.is_null() {
-        return Ok(Plan::Remove {
-            name: artifact_name,
-        });
-    }
-    let spec: ArtifactSpec = serde_json::from_value(raw.clone()).map_err(|e| InvalidSource {
+    let spec: ArtifactSpec = serde_json::from_str(artifact).map_err(|e| InvalidSource {
         kind: kind.to_string(),
         namespace: namespace.clone(),
         name: name.clone(),
@@ -117,7 +98,7 @@ pub fn plan(
 
 /// Whether `source` is an object openflux exported itself (an
 /// ExternalArtifact, or a shadow of any kind): mirroring it would loop.
-pub fn is_own_export(stock: &StockSource, source: &DynamicObject) -> bool {
+pub fn is_own_export(stock: &StockSource, source: &FluxSource) -> bool {
     let labels = source.labels();
     let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
     managed
@@ -125,54 +106,88 @@ pub fn is_own_export(stock: &StockSource, source: &DynamicObject) -> bool {
             || labels.contains_key(crate::shadow::SHADOW_LABEL))
 }
 
-/// Drops what the mirror never reads from a cached source object, and keeps
-/// its `status.artifact` as one JSON text in place of the object's data
-/// ([`plan`] reads it back): a tree of maps costs about three times the
-/// memory of its text, for every source in the cluster.
-pub fn slim(source: &mut DynamicObject) {
-    source.metadata.managed_fields = None;
-    source.metadata.annotations = None;
-    let artifact = source.data.pointer("/status/artifact");
-    source.data = match artifact {
-        Some(a) if !a.is_null() => serde_json::Value::String(a.to_string()),
-        _ => serde_json::Value::Null,
+/// Keeps of a cached source only what the mirror reads: its name,
+/// namespace, uid and labels (the artifact is all that is left of the rest,
+/// see [`FluxSource`]).
+pub fn slim(source: &mut FluxSource) {
+    let meta = std::mem::take(&mut source.metadata);
+    source.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        labels: meta.labels.filter(|l| !l.is_empty()),
+        ..ObjectMeta::default()
     };
 }
 
+/// Whether `artifact` is the mirror of a stock Flux source: its controller
+/// is a kind of source-controller's. Flux reads such a source itself; of
+/// these Artifacts only the mirror reads more than the owner index keeps,
+/// and it reads their [`fingerprint`].
+pub fn is_mirrored(artifact: &Artifact) -> bool {
+    controller_of(artifact).is_some_and(|o| {
+        let (group, _) = split_api_version(&o.api_version);
+        is_stock_source(group, &o.kind)
+    })
+}
+
+fn controller_of(artifact: &Artifact) -> Option<&OwnerReference> {
+    artifact
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
 /// Drops what openflux never reads from a cached Artifact: managed fields,
-/// and the annotations of an Artifact mirrored from a Flux source (its
-/// writer is openflux; nothing else on it is read).
+/// and the annotations of a mirrored one (its writer is openflux; nothing
+/// else on it is read).
 pub fn slim_artifact(artifact: &mut Artifact) {
     artifact.metadata.managed_fields = None;
-    let mirrored = artifact
-        .controller_owner()
-        .is_some_and(|o| crate::api::split_api_version(&o.api_version).0 == FLUX_SOURCE_GROUP);
-    if mirrored {
+    if is_mirrored(artifact) {
         artifact.metadata.annotations = None;
     }
 }
 
-/// Whether `current` already says everything `desired` says.
-pub fn up_to_date(current: &Artifact, desired: &Artifact) -> bool {
-    if current.spec != desired.spec {
-        return false;
+/// What the mirror writes on an Artifact, as one number: its spec, the
+/// labels the mirror sets (the shard's included) and its controller's uid.
+/// A stored Artifact says what its source says exactly when its fingerprint
+/// is that of the Artifact [`plan`] made; labels others added do not count.
+/// The owner index keeps this number of a mirrored Artifact, in place of
+/// the object.
+pub fn fingerprint(artifact: &Artifact) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    // The spec's JSON, written straight into the hasher (writing to it
+    // cannot fail).
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), &artifact.spec);
+    let labels = artifact.labels();
+    for key in [
+        MANAGED_BY_LABEL,
+        SOURCE_KIND_LABEL,
+        SOURCE_NAME_LABEL,
+        shard::SHARD_LABEL,
+    ] {
+        labels.get(key).hash(&mut hasher);
     }
-    let labels = current.labels();
-    let labels_ok = desired
-        .labels()
-        .iter()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let owners = current
-        .metadata
-        .owner_references
-        .as_deref()
-        .unwrap_or_default();
-    let owner_ok = desired.metadata.owner_references.iter().flatten().all(|d| {
-        owners
-            .iter()
-            .any(|o| o.uid == d.uid && o.controller == Some(true))
-    });
-    labels_ok && owner_ok && shard::same_shard(labels, desired.labels())
+    controller_of(artifact)
+        .map(|o| o.uid.as_str())
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Bytes written into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        Hasher::write(self.0, bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -180,7 +195,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn source(kind: &str, status: serde_json::Value, labels: serde_json::Value) -> DynamicObject {
+    fn source(kind: &str, status: serde_json::Value, labels: serde_json::Value) -> FluxSource {
         serde_json::from_value(json!({
             "apiVersion": "source.toolkit.fluxcd.io/v1",
             "kind": kind,
@@ -192,7 +207,7 @@ mod tests {
     }
 
     /// A GitRepository with an artifact in its status.
-    fn podinfo() -> DynamicObject {
+    fn podinfo() -> FluxSource {
         source(
             "GitRepository",
             json!({"artifact": flux_artifact()}),
@@ -201,7 +216,7 @@ mod tests {
     }
 
     /// The Artifact the mirror plans for the GitRepository `s`.
-    fn mirrored(s: &DynamicObject) -> Artifact {
+    fn mirrored(s: &FluxSource) -> Artifact {
         match plan(
             &StockSource::GIT_REPOSITORY,
             "source.toolkit.fluxcd.io/v1",
@@ -305,23 +320,47 @@ mod tests {
     }
 
     #[test]
-    fn up_to_date_compares_spec_labels_and_owner() {
+    fn the_fingerprint_covers_spec_labels_and_owner() {
         let s = podinfo();
         let desired = mirrored(&s);
+        assert!(is_mirrored(&desired));
+        let same = |a: &Artifact| fingerprint(a) == fingerprint(&desired);
         let mut current = desired.clone();
         current.metadata.resource_version = Some("7".into());
+        current.metadata.uid = Some("a-1".into());
         current
             .metadata
             .labels
             .as_mut()
             .unwrap()
             .insert("extra".into(), "kept".into());
-        assert!(up_to_date(&current, &desired));
-        current.spec.revision = "main@sha1:def".into();
-        assert!(!up_to_date(&current, &desired));
+        current.metadata.annotations = Some([("a".into(), "b".into())].into());
+        assert!(same(&current), "what the mirror does not write");
+        let mut changed = current.clone();
+        changed.spec.revision = "main@sha1:def".into();
+        assert!(!same(&changed));
+        let mut changed = current.clone();
+        changed.spec.size = None;
+        assert!(!same(&changed));
+        let mut changed = current.clone();
+        changed.spec.metadata = Some([("k".into(), "v".into())].into());
+        assert!(!same(&changed));
+        for label in [MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL] {
+            let mut changed = current.clone();
+            changed.metadata.labels.as_mut().unwrap().remove(label);
+            assert!(!same(&changed), "{label}");
+        }
         let mut orphan = desired.clone();
         orphan.metadata.owner_references = None;
-        assert!(!up_to_date(&orphan, &desired));
+        assert!(!same(&orphan));
+        assert!(!is_mirrored(&orphan));
+        let mut adopted = desired.clone();
+        adopted.metadata.owner_references.as_mut().unwrap()[0].uid = "u-2".into();
+        assert!(!same(&adopted));
+        let mut custom = desired.clone();
+        let owner = &mut custom.metadata.owner_references.as_mut().unwrap()[0];
+        (owner.api_version, owner.kind) = ("example.com/v1".into(), "HttpSource".into());
+        assert!(!is_mirrored(&custom));
     }
 
     #[test]
@@ -337,9 +376,8 @@ mod tests {
         let unsharded = mirrored(&podinfo());
         assert!(!unsharded.labels().contains_key(key));
         // Moving the source moves its Artifact: either way it is rewritten.
-        assert!(!up_to_date(&unsharded, &desired));
-        assert!(!up_to_date(&desired, &unsharded));
-        assert!(up_to_date(&desired, &desired.clone()));
+        assert_ne!(fingerprint(&unsharded), fingerprint(&desired));
+        assert_eq!(fingerprint(&desired), fingerprint(&desired.clone()));
     }
 
     #[test]
@@ -355,8 +393,18 @@ mod tests {
             &s,
         )
         .unwrap();
+        s.metadata.resource_version = Some("9".into());
+        s.metadata.finalizers = Some(vec!["finalizers.fluxcd.io".into()]);
         slim(&mut s);
-        assert_eq!(s.data, json!(flux_artifact().to_string()));
+        assert_eq!(s.labels()["a"], "b");
+        assert_eq!(
+            (
+                s.metadata.resource_version.as_ref(),
+                s.metadata.finalizers.as_ref()
+            ),
+            (None, None)
+        );
+        assert_eq!(s.uid().as_deref(), Some("u-1"));
         assert_eq!(
             plan(
                 &StockSource::GIT_REPOSITORY,
@@ -368,6 +416,7 @@ mod tests {
         );
         let mut gone = source("GitRepository", json!({}), json!({}));
         slim(&mut gone);
+        assert_eq!(gone.metadata.labels, None);
         assert!(matches!(
             plan(&StockSource::GIT_REPOSITORY, "v", &gone).unwrap(),
             Plan::Remove { .. }

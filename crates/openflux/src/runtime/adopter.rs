@@ -16,7 +16,7 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::router::Change;
-use super::watch::{without_managed_fields, Scope, Watch};
+use super::watch::{keep_all, without_managed_fields, Scope, Watch};
 use crate::adopt::{
     adopt, adopted_name, up_to_date, ADOPTED_FROM_LABEL, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION,
 };
@@ -56,6 +56,7 @@ pub async fn run(
         api: scope.dynamic_api(&ctx.client, &resource),
         config: scope.config(),
         slim: without_managed_fields,
+        keep: keep_all,
         what: format!("Open Flux Artifacts ({group})"),
         hint: "can openflux list and watch this Artifact API? see its ClusterRole",
     };

@@ -15,7 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 
 use super::router::Change;
-use super::watch::{Scope, Watch};
+use super::watch::{keep_all, Scope, Watch};
 use crate::controller::Context;
 use crate::locks;
 use crate::references::{ConsumerKey, Entry};
@@ -74,6 +74,7 @@ impl Consumers {
                 // Artifacts is kept while any consumer refers to it.
                 config: scope.whole(),
                 slim,
+                keep: keep_all,
                 what: format!("{} consumers", consumer.kind),
                 hint: "can openflux list and watch this Flux consumer kind? see its ClusterRole",
             };

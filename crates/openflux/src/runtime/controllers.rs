@@ -1,9 +1,8 @@
 //! The controllers of the elected leader: a mirror for every stock source
-//! kind the cluster serves (kinds whose CRDs appear later are picked up),
-//! the export controller with a watch of each export target the cluster
-//! serves, the consumers' watches and re-pointing ([`super::consumers`]),
-//! and the wakes the router decided on, handed to them. One task owns all
-//! of it, so nothing here is shared or locked.
+//! kind the cluster serves (kinds whose CRDs appear later are picked up), the
+//! export controller with a watch of each export target served, the
+//! consumers' watches and re-pointing ([`super::consumers`]), and the wakes
+//! the router decided on. One task owns it all: nothing is shared or locked.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -25,12 +24,12 @@ use super::adopter;
 use super::consumers::{Consumers, Look, Sinks};
 use super::exports::{self, target_resource};
 use super::router::{Event, Wake};
-use super::watch::{without_managed_fields, Hub, Scope, Watch};
+use super::watch::{keep_all, without_managed_fields, Hub, Scope, Watch};
 use crate::api::{Artifact, StockSource, STOCK_SOURCES};
 use crate::controller::Context;
 use crate::export::{self, ExportTarget, ExportTargets};
 use crate::locks;
-use crate::mirror::{self, Mirror};
+use crate::mirror::{self, FluxSource, Mirror, SourceKind};
 use crate::target::Target;
 use crate::telemetry::Readiness;
 use crate::webhook::rewrite::repoint::ObjectKey;
@@ -40,9 +39,9 @@ pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
 
 /// A running mirror: where its sources are, and how to wake it.
 struct Mirrored {
-    resource: ApiResource,
-    sources: Store<DynamicObject>,
-    wake: UnboundedSender<ObjectRef<DynamicObject>>,
+    resource: SourceKind,
+    sources: Store<FluxSource>,
+    wake: UnboundedSender<ObjectRef<FluxSource>>,
 }
 
 /// The running export controller.
@@ -161,7 +160,7 @@ impl Controllers {
                 continue;
             };
             tracing::info!(kind = stock.kind, version = %resource.version, "mirroring source kind");
-            self.start_mirror(stock, resource);
+            self.start_mirror(stock, SourceKind::new(resource));
         }
         let (cluster, synced) = {
             let facts = locks::read(&self.ctx.facts);
@@ -260,16 +259,16 @@ impl Controllers {
         }
     }
 
-    fn start_mirror(&mut self, stock: &'static StockSource, resource: ApiResource) {
-        let writer = Writer::<DynamicObject>::new(resource.clone());
+    fn start_mirror(&mut self, stock: &'static StockSource, resource: SourceKind) {
+        let writer = Writer::<FluxSource>::new(resource.clone());
         let sources = writer.as_reader();
         let hub = self.hub.clone();
         let watch = Watch {
-            api: self.scope.dynamic_api(&self.ctx.client, &resource),
+            api: self.scope.api_with(&self.ctx.client, &resource),
             config: self.scope.config(),
-            // The mirror needs a source's identity and status.artifact only;
-            // keeping nothing else keeps memory flat with thousands of sources.
+            // Only what the mirror reads (see its doc).
             slim: mirror::slim,
+            keep: keep_all,
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
         };
@@ -312,6 +311,7 @@ impl Controllers {
                 .labels(&export::managed_selector())
                 .any_semantic(),
             slim: without_managed_fields,
+            keep: keep_all,
             what: "exported objects".to_string(),
             hint: "can openflux list and watch ExternalArtifacts and OCIRepositories? see its ClusterRole",
         };

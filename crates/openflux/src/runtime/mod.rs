@@ -141,6 +141,8 @@ where
         // Every shard's webhook answers for the Artifacts of all shards.
         config: scope.whole(),
         slim: crate::mirror::slim_artifact,
+        // The mirror reads its Artifacts from the owner index.
+        keep: |artifact| !crate::mirror::is_mirrored(artifact),
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
     };

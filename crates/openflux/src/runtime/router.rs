@@ -31,6 +31,7 @@ use kube::ResourceExt;
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
 use crate::mirror::plan::is_own_export;
+use crate::mirror::source::FluxSource;
 use crate::shadow::SHADOW_LABEL;
 
 /// What a watch saw.
@@ -50,7 +51,7 @@ pub enum Event<'a> {
     /// The watch of Artifacts (on every replica).
     Artifact(Change<'a, Artifact>),
     /// The watch of one stock source kind (on the leader).
-    Source(&'static StockSource, Change<'a, DynamicObject>),
+    Source(&'static StockSource, Change<'a, FluxSource>),
     /// The watch of the objects openflux exported (on the leader).
     Exported(Change<'a, DynamicObject>),
 }
@@ -173,7 +174,7 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
     wake
 }
 
-fn mirror_wake(stock: &'static StockSource, source: &DynamicObject) -> Option<Wake> {
+fn mirror_wake(stock: &'static StockSource, source: &FluxSource) -> Option<Wake> {
     (!is_own_export(stock, source)).then(|| Wake::Mirror {
         source: stock.kind,
         namespace: source.namespace().unwrap_or_default(),

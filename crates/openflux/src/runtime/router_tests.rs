@@ -36,7 +36,7 @@ fn artifact(name: &str, owner: Option<(&str, &str, &str)>) -> Artifact {
     a
 }
 
-fn source(kind: &str, name: &str, ours: bool) -> DynamicObject {
+fn source(kind: &str, name: &str, ours: bool) -> FluxSource {
     let labels = if ours {
         json!({ MANAGED_BY_LABEL: MANAGED_BY })
     } else {

@@ -66,9 +66,17 @@ impl Scope {
 
     /// An API for the objects of `resource` in this scope.
     pub fn dynamic_api(&self, client: &Client, resource: &ApiResource) -> Api<DynamicObject> {
+        self.api_with(client, resource)
+    }
+
+    /// An API for the `K` of kind `dyntype` in this scope.
+    pub fn api_with<K>(&self, client: &Client, dyntype: &K::DynamicType) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::DynamicResourceScope>,
+    {
         match &self.namespace {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
-            None => Api::all_with(client.clone(), resource),
+            Some(ns) => Api::namespaced_with(client.clone(), ns, dyntype),
+            None => Api::all_with(client.clone(), dyntype),
         }
     }
 }
@@ -79,6 +87,9 @@ pub struct Watch<K: Resource> {
     pub config: watcher::Config,
     /// Drops what openflux never reads before an object is stored.
     pub slim: fn(&mut K),
+    /// Whether the store keeps an object; every object is routed either way
+    /// (the Artifacts the mirror writes live in the owner index only).
+    pub keep: fn(&K) -> bool,
     /// What is watched, for people reading the logs.
     pub what: String,
     /// What to check when the watch fails, for people reading the logs.
@@ -105,6 +116,7 @@ where
             api,
             config,
             slim,
+            keep,
             what,
             hint,
         } = self;
@@ -116,6 +128,8 @@ where
         // When the current streak of errors began, and whether it was
         // reported as broken.
         let mut failing: Option<(tokio::time::Instant, bool)> = None;
+        // What the current list brought that the store does not keep.
+        let mut unkept: Vec<Arc<K>> = Vec::new();
         loop {
             let event = tokio::select! {
                 e = events.try_next() => e,
@@ -154,16 +168,35 @@ where
             }
             failing = None;
             synced.ok();
-            writer.apply_watcher_event(&event);
-            match &event {
-                watcher::Event::Apply(object) => sink(Change::Applied(object)),
-                watcher::Event::Delete(object) => sink(Change::Deleted(object)),
-                watcher::Event::InitDone => {
-                    tracing::debug!(watch = %what, "watch synced");
-                    synced.synced();
-                    sink(Change::Relisted(&reader.state()));
+            match event {
+                watcher::Event::Apply(object) if !keep(&object) => {
+                    // Out of the store (it may have been kept before), still routed.
+                    let gone = watcher::Event::Delete(object);
+                    writer.apply_watcher_event(&gone);
+                    if let watcher::Event::Delete(object) = &gone {
+                        sink(Change::Applied(object));
+                    }
                 }
-                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                watcher::Event::InitApply(object) if !keep(&object) => {
+                    unkept.push(Arc::new(object));
+                }
+                event => {
+                    writer.apply_watcher_event(&event);
+                    match &event {
+                        watcher::Event::Apply(object) => sink(Change::Applied(object)),
+                        watcher::Event::Delete(object) => sink(Change::Deleted(object)),
+                        watcher::Event::InitDone => {
+                            tracing::debug!(watch = %what, "watch synced");
+                            synced.synced();
+                            let mut all = reader.state();
+                            all.append(&mut unkept);
+                            unkept.shrink_to_fit();
+                            sink(Change::Relisted(&all));
+                        }
+                        watcher::Event::Init => unkept.clear(),
+                        watcher::Event::InitApply(_) => {}
+                    }
+                }
             }
         }
     }
@@ -207,6 +240,11 @@ impl Backoff for WatchBackoff {
     fn reset(&mut self) {
         self.failures = 0;
     }
+}
+
+/// Keeps every object.
+pub fn keep_all<K>(_: &K) -> bool {
+    true
 }
 
 /// Drops the managed fields, which openflux never reads.
