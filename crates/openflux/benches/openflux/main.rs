@@ -140,6 +140,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             concurrent: 4,
             setup_concurrency: 16,
             wait_cleanup: !quick,
+            measured_after: true,
         },
         e2e_samples: if quick { 1 } else { 5 },
         webhook: WebhookParams {
@@ -200,6 +201,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
+    o.mirror.measured_after = o.sections.contains(&Section::E2e);
     if !bench && !filters.is_empty() && !filters.iter().any(|f| "bench_smoke".contains(f.as_str()))
     {
         mode = TestMode::Skip;

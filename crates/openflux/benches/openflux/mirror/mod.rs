@@ -41,6 +41,10 @@ pub struct Params {
     pub setup_concurrency: usize,
     /// Wait for each namespace to be gone before the next size.
     pub wait_cleanup: bool,
+    /// Whether a section runs after this one: if not, the namespaces of
+    /// the last size are left to go away on their own (tens of minutes at
+    /// 50,000 sources, and nothing left to measure).
+    pub measured_after: bool,
 }
 
 /// The Flux finalizer, set at creation so source-controller has nothing to
@@ -129,13 +133,13 @@ pub async fn run(env: &Env, p: &Params, report: &mut Report) -> anyhow::Result<(
     report.param("mirror.propagation_samples", p.samples);
     report.param("mirror.noop_samples", p.noop_samples);
     report.param("mirror.concurrent", p.concurrent);
-    for &n in &p.sizes {
+    for (i, &n) in p.sizes.iter().enumerate() {
+        let last = i + 1 == p.sizes.len();
         let ns = env.namespace("bench-mirror").await;
         let plain = env.namespace("bench-plain").await;
         let (name, plain_name) = (ns.name().to_string(), plain.name().to_string());
         let result = one_size(env, p, n, &name, &plain_name, report).await;
-        let cleanup = p
-            .wait_cleanup
+        let cleanup = (p.wait_cleanup && (p.measured_after || !last))
             .then(|| Duration::from_secs(120 + n as u64 / 20));
         let (a, b) = futures::join!(
             cluster::delete_namespace(env, ns, cleanup),
