@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc: with thousands of cached objects made and dropped by the
 /// watches, it keeps the process about a tenth smaller than the system
-/// allocator (docs/benchmarks.md, "Memory").
+/// allocator (docs/benchmarks.md, "Where the memory goes").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
