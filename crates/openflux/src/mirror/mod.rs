@@ -25,9 +25,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics};
 
-pub use plan::{
-    fingerprint, is_mirrored, is_own_export, plan, slim, slim_artifact, InvalidSource, Plan,
-};
+pub use plan::{fingerprint, is_mirrored, is_own_export, plan, slim, InvalidSource, Plan};
 pub use source::{FluxSource, SourceKind};
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};

@@ -140,16 +140,6 @@ fn controller_of(artifact: &Artifact) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-/// Drops what openflux never reads from a cached Artifact: managed fields,
-/// and the annotations of a mirrored one (its writer is openflux; nothing
-/// else on it is read).
-pub fn slim_artifact(artifact: &mut Artifact) {
-    artifact.metadata.managed_fields = None;
-    if is_mirrored(artifact) {
-        artifact.metadata.annotations = None;
-    }
-}
-
 /// What the mirror writes on an Artifact, as one number: its spec, the
 /// labels the mirror sets (the shard's included) and its controller's uid.
 /// A stored Artifact says what its source says exactly when its fingerprint

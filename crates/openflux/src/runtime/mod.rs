@@ -40,7 +40,7 @@ pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
 use self::controllers::Controllers;
 use self::router::Event;
-use self::watch::{Hub, Scope, Watch};
+use self::watch::{without_managed_fields, Hub, Scope, Watch};
 use crate::api::Artifact;
 use crate::controller::{Context, WriteMemo};
 use crate::export::verify::Verifier;
@@ -140,7 +140,7 @@ where
         api: scope.api::<Artifact>(&client),
         // Every shard's webhook answers for the Artifacts of all shards.
         config: scope.whole(),
-        slim: crate::mirror::slim_artifact,
+        slim: without_managed_fields,
         // The mirror reads its Artifacts from the owner index.
         keep: |artifact| !crate::mirror::is_mirrored(artifact),
         what: "Artifacts".to_string(),
