@@ -56,6 +56,18 @@ select_line() {
     "etcd|etcd|."
     "fixtures|fixtures|."
   )
+  # The nodes cell (OPENFLUX_E2E_NODES=1, e2e/lib/nodes.sh) also runs a
+  # scheduler, kubelets, kube-proxies, the cluster DNS and the sandbox
+  # ("pause") program of its nodes' Pods.
+  if [ "${OPENFLUX_E2E_NODES:-0}" = 1 ]; then
+    BINARIES+=(
+      "kube-scheduler|kubernetes-node|k8s.io/kubernetes/cmd/kube-scheduler"
+      "kubelet|kubernetes-node|k8s.io/kubernetes/cmd/kubelet"
+      "kube-proxy|kubernetes-node|k8s.io/kubernetes/cmd/kube-proxy"
+      "coredns|coredns|github.com/coredns/coredns"
+      "pause|pause|."
+    )
+  fi
   FLUX_CONTROLLERS=()
   for entry in "${FLUX[@]}"; do
     IFS='|' read -r name wrapper mod _v main kind <<<"$entry"
@@ -89,7 +101,7 @@ line_has() {
 # build_binary). Part of the cache key: change it when the recipe changes.
 build_recipe() {
   case $1 in
-    kubernetes) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
+    kubernetes | kubernetes-node) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
     flux-cli) echo "go1.26+ cgo-off trimpath ldflags-v2 flux-version-stamp placeholder-manifests-v2" ;;
     *) echo "go1.26+ cgo-off trimpath ldflags-v2" ;;
   esac
@@ -160,15 +172,15 @@ check_versions() {
 # Version stamp of the Kubernetes binaries, the way the upstream release build
 # does it (hack/lib/version.sh), so `kubectl version` reports the real version.
 kube_ldflags() {
-  local v=$KUBERNETES_VERSION major minor date commit flags="-s -w"
+  local v=$KUBERNETES_VERSION w=${1:-kubernetes} major minor date commit flags="-s -w"
   major=${v#v}; major=${major%%.*}
   minor=${v#v*.}; minor=${minor%%.*}
   # Release time and content hash of the module as the proxy recorded them:
   # the module zip has no git metadata, so its checksum stands in for the commit.
-  date=$(cd "$E2E_DIR/go/kubernetes" &&
+  date=$(cd "$E2E_DIR/go/$w" &&
     go_env go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes 2>/dev/null || true)
   date=${date:-1970-01-01T00:00:00Z}
-  commit=$(grep -E "^k8s\.io/kubernetes $v h1:" "$E2E_DIR/go/kubernetes/go.sum" | sed 's/.* h1://' |
+  commit=$(grep -E "^k8s\.io/kubernetes $v h1:" "$E2E_DIR/go/$w/go.sum" | sed 's/.* h1://' |
     base64 -d 2>/dev/null | od -An -tx1 | tr -d ' \n' | cut -c1-40)
   local pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -233,7 +245,7 @@ build_binary() {
   fi
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   case $w in
-    kubernetes) ldflags=$(kube_ldflags) ;;
+    kubernetes | kubernetes-node) ldflags=$(kube_ldflags "$w") ;;
     flux-cli)
       ldflags+=" -X main.VERSION=${FLUX_CLI_VERSION#v}"
       flux_cli_module "$tmp"

@@ -21,11 +21,13 @@
 #
 # Expects E2E_DIR, say and die.
 
-# name|line|feature gates. The position in this list places the port block:
-# append new cells at the end.
+# name|line|feature gates|kind. The position in this list places the port
+# block: append new cells at the end. Kind `nodes`: the control plane with
+# real nodes, where Flux and openflux run as Pods (e2e/lib/nodes.sh).
 CELLS=(
   "current-external-artifact|current|ExternalArtifact=true"
   "flux27-default|2.7|"
+  "nodes|current||nodes"
 )
 
 CELL_PORT_BASE=${OPENFLUX_E2E_CELL_PORT_BASE:-18000}
@@ -41,7 +43,7 @@ cell() {
   local i entry name
   for i in "${!CELLS[@]}"; do
     entry=${CELLS[i]}
-    IFS='|' read -r name CELL_LINE CELL_GATES <<<"$entry"
+    IFS='|' read -r name CELL_LINE CELL_GATES CELL_KIND <<<"$entry"
     if [ "$name" = "$1" ]; then
       CELL_BASE=$((CELL_PORT_BASE + 1000 * i))
       CELL_STATE=$CELLS_TMP/openflux-e2e-cell-$name-$CELL_BASE
@@ -61,8 +63,11 @@ cell_run() {
   local name=$1
   cell "$name"
   shift
+  local nodes=0
+  [ "$CELL_KIND" != nodes ] || nodes=1
   env -u KUBECONFIG \
     OPENFLUX_E2E_CELL="$name" \
+    OPENFLUX_E2E_NODES="$nodes" OPENFLUX_E2E_NODES_PORT_BASE="$CELL_BASE" \
     OPENFLUX_E2E_STATE="$CELL_STATE" \
     OPENFLUX_E2E_FLUX_LINE="$CELL_LINE" \
     OPENFLUX_E2E_FEATURE_GATES="$CELL_GATES" \

@@ -1,0 +1,3 @@
+module openflux.dev/e2e/pause
+
+go 1.26.0
