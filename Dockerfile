@@ -16,6 +16,8 @@ ARG BASE=gcr.io/distroless/cc-debian12:nonroot
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
 COPY crates ./crates
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \

@@ -8,7 +8,7 @@ use tracing::{debug, info};
 
 use crate::api::{reason, ArtifactSummary, HttpSource};
 use crate::archive;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::fetch::{self, FetchError, Fetched, Remembered};
 use crate::http::Get;

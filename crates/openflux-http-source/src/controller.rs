@@ -7,9 +7,7 @@
 //! ownerReference to the HttpSource (`openflux_api::producer`). Logs,
 //! metrics and events follow Flux's conventions (`openflux_api::runtime`).
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -17,126 +15,19 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, ResourceExt};
-use openflux_api::producer::storage::{Retention, Storage};
-use openflux_api::producer::{PublishError, Publisher};
+use kube::ResourceExt;
+use openflux_api::producer::storage::Retention;
 use openflux_api::runtime::logging::reconcile_span;
-use openflux_api::runtime::{
-    ControllerId, ControllerMetrics, EventRecorder, Health, ObjectLabels, ReconcileResult,
-};
+use openflux_api::runtime::{Health, ObjectLabels, ReconcileResult};
 use openflux_api::Artifact;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::api::{condition, HttpSource, REQUESTED_AT_ANNOTATION};
-use crate::fetch::Remembered;
-use crate::http::Http;
-use crate::metrics::SourceMetrics;
+use crate::context::{Context, Error};
 use crate::reconcile::{is_ready, reconcile_source};
-use crate::schedule::Attempt;
-use crate::serve::Catalog;
-
-/// Field manager of every write this controller makes, and the reporting
-/// controller of its events.
-pub const FIELD_MANAGER: &str = "openflux-http-source";
 
 /// Requeue delay after an error talking to the API server.
 const API_ERROR_REQUEUE: Duration = Duration::from_secs(5);
-
-/// Errors that end a reconcile early (the API server or storage failed).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error("HttpSource has no namespace or uid")]
-    Incomplete,
-}
-
-/// Everything a reconcile needs.
-pub struct Context {
-    pub client: Client,
-    /// The fetches' HTTP clients, behind the network policy.
-    pub http: Http,
-    pub storage: Storage,
-    /// Where `storage` keeps its files.
-    pub storage_root: PathBuf,
-    /// The artifacts the artifact server may serve.
-    pub catalog: Arc<Catalog>,
-    /// Writes the Artifacts.
-    pub publisher: Publisher,
-    /// Kubernetes Events, and notifications with `--events-addr`.
-    pub events: EventRecorder,
-    /// Flux's metrics of this controller.
-    pub metrics: ControllerMetrics,
-    /// The fetch metrics of HttpSource.
-    pub source_metrics: SourceMetrics,
-    pub id: ControllerId,
-    /// Largest artifact accepted, in decompressed bytes.
-    pub max_size: u64,
-    pub retention: Retention,
-    /// Per source: the last fetch attempt and the validators of the response
-    /// the published artifact was built from.
-    memory: Mutex<HashMap<ObjectRef<HttpSource>, Memory>>,
-}
-
-/// What the controller remembers of a source between reconciles.
-#[derive(Debug, Clone)]
-pub struct Memory {
-    pub uid: Option<String>,
-    pub generation: Option<i64>,
-    pub attempt: Attempt,
-    pub remembered: Option<Remembered>,
-}
-
-/// The parts of a [`Context`] made at start.
-pub struct Parts {
-    pub client: Client,
-    pub http: Http,
-    pub storage: Storage,
-    pub storage_root: PathBuf,
-    pub catalog: Arc<Catalog>,
-    pub events: EventRecorder,
-    pub metrics: ControllerMetrics,
-    pub source_metrics: SourceMetrics,
-    pub max_size: u64,
-    pub retention: Retention,
-}
-
-impl Context {
-    pub fn new(parts: Parts) -> Self {
-        Context {
-            publisher: Publisher::new(parts.client.clone(), FIELD_MANAGER),
-            client: parts.client,
-            http: parts.http,
-            storage: parts.storage,
-            storage_root: parts.storage_root,
-            catalog: parts.catalog,
-            events: parts.events,
-            metrics: parts.metrics,
-            source_metrics: parts.source_metrics,
-            id: ControllerId::of::<HttpSource>(),
-            max_size: parts.max_size,
-            retention: parts.retention,
-            memory: Mutex::default(),
-        }
-    }
-
-    pub fn memory_of(&self, key: &ObjectRef<HttpSource>, uid: Option<&String>) -> Option<Memory> {
-        let memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        memory.get(key).filter(|m| m.uid.as_ref() == uid).cloned()
-    }
-
-    pub fn remember(&self, key: ObjectRef<HttpSource>, value: Memory) {
-        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        memory.insert(key, value);
-    }
-
-    fn forget_missing(&self, store: &Store<HttpSource>) {
-        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        memory.retain(|key, _| store.get(key).is_some());
-    }
-}
 
 /// Hash of what should trigger a reconcile: a new generation, a new
 /// `reconcile.fluxcd.io/requestedAt` value, or a move to another shard (the

@@ -10,6 +10,7 @@
 mod api;
 mod archive;
 mod artifact;
+mod context;
 mod controller;
 mod credentials;
 mod fetch;
@@ -48,7 +49,8 @@ use openflux_api::runtime::{ControllerId, EventRecorder, Health, Metrics};
 use prometheus_client::registry::Registry;
 use tracing::info;
 
-use crate::controller::{Context, Parts, Watch, FIELD_MANAGER};
+use crate::context::{Context, Parts, FIELD_MANAGER};
+use crate::controller::Watch;
 use crate::guard::Guard;
 use crate::metrics::SourceMetrics;
 use crate::netpolicy::{Cidr, NetworkPolicy};

@@ -13,7 +13,7 @@ use crate::api::{
     condition, reason, ArtifactSummary, HttpSource, MAX_INTERVAL, REQUESTED_AT_ANNOTATION,
 };
 use crate::artifact::{fetch_and_store, Request};
-use crate::controller::{Context, Error, Memory};
+use crate::context::{Context, Error, Memory};
 use crate::credentials::read_credentials;
 use crate::fetch;
 use crate::heal::{self, Healing};

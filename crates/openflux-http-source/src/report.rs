@@ -12,7 +12,7 @@ use openflux_api::runtime::events::{FluxEvent, META_DIGEST, META_REVISION};
 use tracing::{debug, warn};
 
 use crate::api::{ArtifactSummary, HttpSource, HttpSourceStatus, API_VERSION, KIND};
-use crate::controller::{Context, Error, FIELD_MANAGER};
+use crate::context::{Context, Error, FIELD_MANAGER};
 use crate::plan::{Failure, Retry};
 use crate::redact::redact;
 use crate::status::{self, Outcome};

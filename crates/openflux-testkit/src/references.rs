@@ -1,12 +1,12 @@
 //! The table of source references that decides which consumer objects
-//! reach openflux (`crates/openflux/tests/fixtures/source-references.json`):
+//! reach openflux (`tests/fixtures/source-references.json`):
 //! one table for the webhook's decision (unit tests) and for the webhook
 //! configuration's `matchConditions` on a real API server (end-to-end).
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-const TABLE: &str = include_str!("../../openflux/tests/fixtures/source-references.json");
+const TABLE: &str = include_str!("../../../tests/fixtures/source-references.json");
 
 #[derive(Deserialize)]
 struct Table {

@@ -51,9 +51,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
 
-pub use notifier::{Notifier, NotifyError, RetryPolicy};
+pub use notifier::{NotificationEvent, Notifier, NotifyError, RetryPolicy};
 
 /// The API group of Flux's event API; object annotations under it travel
 /// with events.
@@ -110,23 +109,6 @@ impl FluxEvent {
             "info"
         }
     }
-}
-
-/// The body notification-controller receives (`fluxcd/pkg/apis/event`
-/// `v1beta1.Event`, same JSON names).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct NotificationEvent {
-    pub involved_object: ObjectReference,
-    pub severity: String,
-    pub timestamp: Time,
-    pub message: String,
-    pub reason: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub metadata: BTreeMap<String, String>,
-    pub reporting_controller: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub reporting_instance: String,
 }
 
 /// The notification of `event` about `involved` (its group prefixes the

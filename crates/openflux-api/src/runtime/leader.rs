@@ -126,7 +126,7 @@ impl Elector {
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into());
-        let identity = format!("{host}_{}", super::random_id());
+        let identity = format!("{host}_{}", super::id::random_id());
         let store = KubeLeases::new(client, namespace, name);
         Elector::with(store, TokioClock::default(), name, identity, args)
     }

@@ -36,7 +36,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use super::flags::{LogArgs, LogEncoding, LogLevel};
-use super::ControllerId;
+use super::id::ControllerId;
 
 /// Logging could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +98,7 @@ pub fn reconcile_span(controller: &ControllerId, namespace: &str, name: &str) ->
         controllerKind = %controller.kind,
         namespace = %namespace,
         name = %name,
-        reconcileID = %super::random_id(),
+        reconcileID = %super::id::random_id(),
     )
 }
 

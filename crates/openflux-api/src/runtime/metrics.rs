@@ -37,96 +37,17 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets_range, Histogram};
 use prometheus_client::registry::Registry;
 
-use super::ControllerId;
+use super::id::ControllerId;
 
-/// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`.
-pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
-    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
-    25.0, 30.0, 40.0, 50.0, 60.0,
-];
-
-/// The condition types Flux records in `gotk_reconcile_condition`.
-pub const CONDITION_TYPES: [&str; 3] = ["Ready", "Reconciling", "Stalled"];
-
-/// How a reconcile ended, in controller-runtime's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReconcileResult {
-    /// Done; nothing scheduled.
-    Success,
-    /// Failed (counted in the errors too).
-    Error,
-    /// Requeued at once, rate limited.
-    Requeue,
-    /// Requeued after a delay (a Flux reconciler's usual success: the next
-    /// run on the interval).
-    RequeueAfter,
-}
-
-impl ReconcileResult {
-    /// The `result` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            ReconcileResult::Success => "success",
-            ReconcileResult::Error => "error",
-            ReconcileResult::Requeue => "requeue",
-            ReconcileResult::RequeueAfter => "requeue_after",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ControllerLabel {
-    controller: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    controller: String,
-    result: &'static str,
-}
-
-/// The object labels of the `gotk_*` metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ObjectLabels {
-    pub kind: String,
-    pub name: String,
-    pub namespace: String,
-}
-
-impl ObjectLabels {
-    /// The labels of `obj`.
-    pub fn of<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Self {
-        use kube::ResourceExt;
-        ObjectLabels {
-            kind: K::kind(&()).into_owned(),
-            name: obj.name_any(),
-            namespace: obj.namespace().unwrap_or_default(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ConditionLabels {
-    kind: String,
-    name: String,
-    namespace: String,
-    #[prometheus(flatten)]
-    condition: ConditionType,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ConditionType {
-    r#type: String,
-    status: &'static str,
-}
+mod labels;
+use labels::{ConditionLabels, ConditionType, ControllerLabel, ResultLabels};
+pub use labels::{ObjectLabels, ReconcileResult, CONDITION_TYPES, RECONCILE_TIME_BUCKETS};
 
 /// Names (counters without their `_total`) and help texts, as Flux's.
 const NAMES: [(&str, &str); 8] = [
@@ -356,8 +277,60 @@ async fn serve_metrics(State(registry): State<Arc<Registry>>) -> impl IntoRespon
     )
 }
 
-mod guard;
-pub use guard::ReconcileGuard;
+/// Records one reconcile when dropped, exactly once: its result (an error
+/// unless set otherwise, so an early return or a panic counts as one), its
+/// duration in `controller_runtime_reconcile_time_seconds` and
+/// `gotk_reconcile_duration_seconds` (or, for a deleted object, the removal
+/// of its `gotk_*` series), and the worker it occupied.
+#[must_use = "a reconcile is recorded when its guard is dropped"]
+pub struct ReconcileGuard {
+    metrics: ControllerMetrics,
+    object: Option<ObjectLabels>,
+    started: Instant,
+    result: ReconcileResult,
+    deleted: bool,
+}
+
+impl ReconcileGuard {
+    /// Sets how the reconcile ended.
+    pub fn set_result(&mut self, result: ReconcileResult) {
+        self.result = result;
+    }
+
+    /// Marks the object deleted: its `gotk_*` series are removed.
+    pub fn object_deleted(&mut self) {
+        self.deleted = true;
+    }
+
+    /// The object whose `gotk_*` series this reconcile records, if any.
+    pub fn object(&self) -> Option<&ObjectLabels> {
+        self.object.as_ref()
+    }
+}
+
+impl Drop for ReconcileGuard {
+    fn drop(&mut self) {
+        let m = &self.metrics.metrics.0;
+        let label = &self.metrics.label;
+        let seconds = self.started.elapsed().as_secs_f64();
+        m.reconcile_total
+            .get_or_create(&ResultLabels {
+                controller: label.controller.clone(),
+                result: self.result.label(),
+            })
+            .inc();
+        if self.result == ReconcileResult::Error {
+            m.reconcile_errors.get_or_create(label).inc();
+        }
+        m.reconcile_time.get_or_create(label).observe(seconds);
+        match &self.object {
+            Some(object) if self.deleted => self.metrics.delete_object(object),
+            Some(object) => m.duration.get_or_create(object).observe(seconds),
+            None => {}
+        }
+        m.active_workers.get_or_create(label).dec();
+    }
+}
 
 #[cfg(test)]
 mod tests;

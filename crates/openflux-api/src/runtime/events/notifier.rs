@@ -1,11 +1,30 @@
 //! Posting notifications to notification-controller in the background.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use reqwest::{StatusCode, Url};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::NotificationEvent;
+/// The body notification-controller receives (`fluxcd/pkg/apis/event`
+/// `v1beta1.Event`, same JSON names).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationEvent {
+    pub involved_object: ObjectReference,
+    pub severity: String,
+    pub timestamp: Time,
+    pub message: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    pub reporting_controller: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reporting_instance: String,
+}
 
 /// Events waiting to be posted; beyond this, new ones are dropped.
 pub const QUEUE: usize = 256;

@@ -1,0 +1,271 @@
+//! The survey: on every replica, reads what the export targets depend on
+//! (the served source APIs and kinds, the consumers' CRDs, the Flux
+//! controllers' Deployments), decides them with [`Facts::decide`] and keeps
+//! the result where the webhook and the export controller read it.
+//!
+//! It reads again when a CRD or a Flux Deployment changes, and at least every
+//! [`SURVEY_PERIOD`]. A failed reading keeps the previous facts. A change is
+//! logged (one line per consumer kind, with the reason), counted in the
+//! `openflux_export_target` metric and announced to the controllers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, PartialObjectMeta};
+use kube::discovery::{Discovery, Scope as DiscoveryScope};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{watch as channel, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::FLUX_SOURCE_GROUP;
+use crate::cluster::facts::{Facts, Reading};
+use crate::cluster::target::{
+    ClusterFacts, ExportMode, OciVersion, EXTERNAL_ARTIFACT, OCI_REPOSITORY,
+};
+use crate::consumers::table::{Reader, CONSUMERS};
+use crate::locks;
+use crate::runtime::watch::WatchBackoff;
+use crate::telemetry::SyncGuard;
+
+/// The longest time between two readings.
+pub const SURVEY_PERIOD: Duration = Duration::from_secs(30);
+/// How long a burst of changes is let settle before reading.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Labels of the `openflux_export_target` metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    consumer: String,
+    kind: String,
+    api_version: String,
+}
+
+/// `openflux_export_target{consumer,kind,api_version}`: 1 for the target each
+/// consumer kind gets now.
+#[derive(Clone, Default)]
+pub struct TargetMetrics {
+    target: Family<TargetLabels, Gauge>,
+}
+
+impl TargetMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "openflux_export_target",
+            "1 for the object kind custom sources are exported as for each consumer kind",
+            m.target.clone(),
+        );
+        m
+    }
+
+    fn show(&self, facts: &Facts) {
+        self.target.clear();
+        for (consumer, choice) in &facts.choices {
+            if let Ok(choice) = choice {
+                let labels = TargetLabels {
+                    consumer: consumer.to_string(),
+                    kind: choice.target.kind().to_string(),
+                    api_version: choice.target.api_version().to_string(),
+                };
+                self.target.get_or_create(&labels).set(1);
+            }
+        }
+    }
+}
+
+/// The survey's settings and where it puts what it decides.
+pub struct Survey {
+    pub client: Client,
+    pub mode: ExportMode,
+    pub flux_namespace: String,
+    pub facts: Arc<RwLock<Facts>>,
+    /// Bumped on every change of the facts.
+    pub changed: channel::Sender<u64>,
+    pub metrics: TargetMetrics,
+}
+
+impl Survey {
+    /// Runs until `shutdown`; `ready` is marked once a first reading decided
+    /// the targets.
+    pub async fn run(self, mut ready: SyncGuard, shutdown: CancellationToken) {
+        let poke = Arc::new(Notify::new());
+        let triggers = tokio::spawn(watch_triggers(
+            self.client.clone(),
+            self.flux_namespace.clone(),
+            poke.clone(),
+            shutdown.clone(),
+        ));
+        loop {
+            match read(&self.client, &self.flux_namespace).await {
+                Ok(reading) => {
+                    self.settle(Facts::decide(self.mode, &reading));
+                    ready.synced();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the cluster's source APIs; keeping the export targets as they were")
+                }
+            }
+            tokio::select! {
+                _ = poke.notified() => tokio::time::sleep(SETTLE).await,
+                _ = tokio::time::sleep(SURVEY_PERIOD) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        triggers.abort();
+    }
+
+    fn settle(&self, facts: Facts) {
+        let before = locks::read(&self.facts).clone();
+        if before == facts {
+            return;
+        }
+        for line in facts.changes_since(&before) {
+            tracing::info!(target_choice = %line, "export target");
+        }
+        self.metrics.show(&facts);
+        *locks::write(&self.facts) = facts;
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+/// Pokes the survey when a CRD or a Flux controller's Deployment changes.
+async fn watch_triggers(
+    client: Client,
+    flux_namespace: String,
+    poke: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let crds = watcher(
+        Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .backoff(WatchBackoff::default())
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    let deployments = watcher(
+        Api::<PartialObjectMeta<Deployment>>::namespaced(client, &flux_namespace),
+        watcher::Config::default().labels(&component_selector()),
+    )
+    .backoff(WatchBackoff::default())
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    let mut all = std::pin::pin!(futures::stream::select(crds, deployments));
+    loop {
+        tokio::select! {
+            next = all.next() => match next {
+                Some(()) => poke.notify_one(),
+                None => break,
+            },
+            _ = shutdown.cancelled() => break,
+        }
+    }
+}
+
+/// `app.kubernetes.io/component in (...)`: the gated consumers' controllers.
+fn component_selector() -> String {
+    let components: Vec<&str> = CONSUMERS
+        .iter()
+        .filter_map(|c| match c.reader {
+            Reader::Gated(component) => Some(component),
+            _ => None,
+        })
+        .collect();
+    format!("app.kubernetes.io/component in ({})", components.join(","))
+}
+
+/// One reading of the cluster.
+async fn read(client: &Client, flux_namespace: &str) -> Result<Reading, kube::Error> {
+    let discovery = match Discovery::new(client.clone())
+        .exclude(&[""])
+        .run_aggregated()
+        .await
+    {
+        Ok(d) => d,
+        Err(_) => Discovery::new(client.clone()).exclude(&[""]).run().await?,
+    };
+    let mut cluster = ClusterFacts::default();
+    let mut kinds: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for group in discovery.groups() {
+        for version in group.versions() {
+            for (resource, caps) in group.versioned_resources(version) {
+                if resource.group == FLUX_SOURCE_GROUP {
+                    match (resource.kind.as_str(), version) {
+                        (EXTERNAL_ARTIFACT, "v1") => cluster.external_artifact_served = true,
+                        (OCI_REPOSITORY, "v1") => cluster.oci_repository = Some(OciVersion::V1),
+                        (OCI_REPOSITORY, "v1beta2") if cluster.oci_repository.is_none() => {
+                            cluster.oci_repository = Some(OciVersion::V1beta2)
+                        }
+                        _ => {}
+                    }
+                }
+                if caps.scope == DiscoveryScope::Namespaced {
+                    kinds
+                        .entry(resource.kind.clone())
+                        .or_default()
+                        .insert(resource.group.clone());
+                }
+            }
+        }
+    }
+    let crd_api = Api::<CustomResourceDefinition>::all(client.clone());
+    let mut crds = BTreeMap::new();
+    for consumer in CONSUMERS.iter() {
+        let name = format!("{}.{}", consumer.resource, consumer.group);
+        if let Some(crd) = crd_api.get_opt(&name).await? {
+            crds.insert(consumer.kind, serde_json::to_value(crd).unwrap_or_default());
+        }
+    }
+    let deployment_api = Api::<Deployment>::namespaced(client.clone(), flux_namespace);
+    let list = deployment_api
+        .list(&ListParams::default().labels(&component_selector()))
+        .await;
+    let (deployments_visible, deployments) = match list {
+        Ok(list) => {
+            let mut by_component: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+            for d in list.items {
+                let component = d
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app.kubernetes.io/component"))
+                    .cloned()
+                    .unwrap_or_default();
+                if let Ok(value) = serde_json::to_value(d) {
+                    by_component.entry(component).or_default().push(value);
+                }
+            }
+            (true, by_component)
+        }
+        Err(error) => {
+            tracing::debug!(%error, namespace = flux_namespace, "cannot list the Flux controllers' Deployments; their feature gates count as unknown");
+            (false, BTreeMap::new())
+        }
+    };
+    Ok(Reading {
+        cluster,
+        crds,
+        deployments,
+        deployments_visible,
+        kinds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_selector_names_the_gated_controllers() {
+        assert_eq!(
+            component_selector(),
+            "app.kubernetes.io/component in (kustomize-controller,helm-controller)"
+        );
+    }
+}

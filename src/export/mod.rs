@@ -1,0 +1,348 @@
+//! The export controller: every Artifact whose producer is not a stock Flux
+//! source is kept as the objects the unchanged Flux consumers read: an
+//! `ExternalArtifact` (source.toolkit.fluxcd.io/v1), a shadow
+//! `OCIRepository`, or both, as [`crate::cluster::facts`] decided for the consumers
+//! of this cluster.
+//!
+//! The exported objects live in the Artifact's namespace under the name the
+//! owner index gives (see [`crate::index::OwnerIndex::export_name`]), are
+//! owned by the Artifact, and carry the Artifact in `status.artifact` with a
+//! `Ready` condition. An exported object no longer wanted (the target or the
+//! name changed) is kept up to date until no consumer refers to it, then
+//! deleted. [`plan`] decides; this module runs the controller that writes
+//! what it decided.
+
+mod events;
+pub mod plan;
+pub mod release;
+pub mod shadow;
+pub mod trust;
+pub mod verify;
+pub mod write;
+
+use write::Export;
+pub use write::{ExportTarget, ExportTargets};
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Patch;
+use kube::core::DynamicObject;
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, ResourceExt};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
+use serde_json::json;
+
+pub use plan::{
+    conflict, desired_status, managed_selector, object_up_to_date, path_from_url, plan,
+    requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
+};
+
+use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
+use crate::cluster::target::Target;
+use crate::context::{hash_of, ready, reconcile_result, Context, Error};
+use crate::export::trust::Verdict;
+use crate::index::IndexedArtifact;
+use crate::locks;
+
+/// The export controller's context, built once per run of the controller.
+struct Exporter {
+    ctx: Arc<Context>,
+    targets: ExportTargets,
+    metrics: ControllerMetrics,
+}
+
+/// Runs the export controller until `shutdown`, reconciling each Artifact
+/// `triggers` names (its own changes, its exported object's changes, a
+/// sibling's arrival or departure).
+pub async fn run(
+    ctx: Arc<Context>,
+    targets: ExportTargets,
+    triggers: impl futures::Stream<Item = ObjectRef<Artifact>> + Send + 'static,
+    concurrency: u16,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let artifacts = ctx.artifacts.clone();
+    // Every trigger comes from the router; the controller's own stream
+    // stays empty.
+    let nothing = futures::stream::pending::<Result<Artifact, watcher::Error>>();
+    Controller::for_stream_with(nothing, artifacts, ())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            |artifact, error, _exporter| {
+                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            },
+            Arc::new(Exporter {
+                metrics: ctx
+                    .metrics
+                    .reconciles
+                    .controller(&ControllerId::of::<Artifact>(), concurrency),
+                ctx,
+                targets,
+            }),
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    tracing::info!("export controller stopped");
+}
+
+#[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
+async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
+    if !exporter.ctx.shard.owns(artifact.labels()) {
+        // Another shard's: it exports it (every shard sees every Artifact).
+        return Ok(Action::await_change());
+    }
+    let mut guard = exporter
+        .metrics
+        .reconcile(ObjectLabels::of(artifact.as_ref()));
+    let result = reconcile_inner(&artifact, &exporter).await;
+    guard.set_result(reconcile_result(&result));
+    result
+}
+
+async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Action, Error> {
+    let ctx = &exporter.ctx;
+    let indexed =
+        IndexedArtifact::from_artifact(artifact).ok_or(Error::MissingField("namespace"))?;
+    if let Some(owner) = &indexed.owner {
+        if is_stock_source(&owner.source.group, &owner.source.kind) {
+            // Mirrored: Flux reads the source itself.
+            return Ok(Action::await_change());
+        }
+    }
+    let source = indexed
+        .owner
+        .as_ref()
+        .map(|o| format!("{}/{}", o.source.kind, o.source.name));
+    let status =
+        |ok: bool, reason: &str, message: &str, exported: Option<ObjectReference>| ArtifactStatus {
+            observed_generation: artifact.metadata.generation,
+            source: source.clone(),
+            exported_ref: exported,
+            conditions: vec![ready(artifact, ok, reason, message)],
+        };
+
+    let verdict = ctx.verifier.check(artifact).await?;
+    // The default rule weighs only Artifacts the check did not refuse: the
+    // index learns the verdict before this Artifact's export name is taken
+    // from it (its status carries it to the other replicas and restarts).
+    locks::write(&ctx.index).record_verdict(
+        &indexed.key,
+        &indexed.uid,
+        verdict == Verdict::Trusted,
+    );
+    if let Verdict::Untrusted(msg) = verdict {
+        exporter
+            .set_status(artifact, status(false, reason::UNTRUSTED, &msg, None))
+            .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    let (wanted, reasons) = {
+        let facts = locks::read(&ctx.facts);
+        (facts.targets_in_use(), describe_choices(&facts))
+    };
+    if wanted.is_empty() {
+        let msg = format!("no Flux consumer in this cluster can read a custom source: {reasons}");
+        exporter
+            .set_status(
+                artifact,
+                status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
+            )
+            .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    let export_name = locks::read(&ctx.index).export_name(&indexed);
+    let namespace = &indexed.key.namespace;
+    let uid = artifact.uid().unwrap_or_default();
+    let mut exported: Vec<ObjectReference> = Vec::new();
+    for target in &wanted {
+        let Some(served) = exporter.targets.get(target) else {
+            let msg = format!("{target} is not served by this cluster (yet); waiting for it");
+            exporter
+                .set_status(
+                    artifact,
+                    status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
+                )
+                .await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        };
+        let export = Export::new(ctx, served, namespace, &export_name);
+        let current = export.current().await?;
+        let requested = current
+            .as_ref()
+            .and_then(|c| requested_at(c).map(str::to_string));
+        if let Some(requested) = &requested {
+            exporter.forward_request(artifact, requested).await;
+        }
+        let plan = match plan(artifact, &export_name, *target, &served.resource) {
+            Ok(p) => ExportPlan {
+                handled: requested,
+                ..p
+            },
+            Err(msg) => {
+                exporter
+                    .set_status(
+                        artifact,
+                        status(false, reason::INVALID_ARTIFACT, &msg, None),
+                    )
+                    .await?;
+                return Ok(Action::await_change());
+            }
+        };
+        if let Some(msg) = current.as_ref().and_then(|c| conflict(c, &uid)) {
+            exporter
+                .set_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
+                .await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+        let latest = export.write_object(&plan, current).await?;
+        if export.write_status(&plan, latest.as_ref()).await? {
+            tracing::info!(export = %export_name, kind = target.kind(), revision = %artifact.spec.revision, "exported artifact");
+        }
+        exported.push(ObjectReference {
+            api_version: served.resource.api_version.clone(),
+            kind: served.resource.kind.clone(),
+            name: export_name.clone(),
+            namespace: Some(namespace.to_string()),
+        });
+    }
+    exporter
+        .retire(artifact, &uid, namespace, &export_name, &wanted)
+        .await?;
+    let kinds: Vec<&str> = exported.iter().map(|e| e.kind.as_str()).collect();
+    let msg = format!(
+        "exported as {} {namespace}/{export_name} at revision '{}' ({reasons})",
+        kinds.join(" and "),
+        artifact.spec.revision
+    );
+    exporter
+        .set_status(
+            artifact,
+            status(true, reason::EXPORTED, &msg, exported.into_iter().next()),
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+/// The choices behind the targets, for the Artifact's message:
+/// `Kustomization: <reason>; HelmRelease: <reason>`.
+fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
+    if facts.choices.is_empty() {
+        return "no Flux consumer CRD (Kustomization, HelmRelease, ArtifactGenerator, Stack) is served".into();
+    }
+    let parts: Vec<String> = facts
+        .choices
+        .iter()
+        .map(|(kind, c)| match c {
+            Ok(c) => format!("{kind}: {}", c.reason),
+            Err(no) => format!("{kind}: {no}"),
+        })
+        .collect();
+    parts.join("; ")
+}
+
+impl Exporter {
+    /// Hands a reconcile request set on an export (`kubectl annotate` or
+    /// Flux's tools, where they point a person) to the custom source that
+    /// produced the Artifact, once per value. A failure is logged: the
+    /// request is a hint, the export stays correct without it.
+    async fn forward_request(&self, artifact: &Artifact, requested: &str) {
+        let Some(owner) = artifact.controller_owner() else {
+            return;
+        };
+        let namespace = artifact.namespace().unwrap_or_default();
+        let key = format!("request/{namespace}/{}/{}", owner.kind, owner.name);
+        let hash = hash_of(&requested).unwrap_or_default();
+        if self.ctx.memo.already_written(&key, Some(requested), hash) {
+            return;
+        }
+        let (group, version) = crate::api::split_api_version(&owner.api_version);
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, &owner.kind);
+        let patch = json!({ "metadata": { "annotations": { REQUESTED_AT: requested } } });
+        let result = async {
+            let (resource, _) = kube::discovery::pinned_kind(&self.ctx.client, &gvk).await?;
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.ctx.client.clone(),
+                &namespace,
+                &resource,
+            );
+            api.patch(
+                &owner.name,
+                &kube::api::PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(_) => {
+                tracing::info!(kind = %owner.kind, name = %owner.name, %namespace, %requested, "handed a reconcile request on an export to its custom source");
+                self.ctx.memo.record(key, Some(requested.to_string()), hash);
+            }
+            Err(error) => {
+                tracing::warn!(kind = %owner.kind, name = %owner.name, %namespace, %error, "cannot hand a reconcile request to the custom source; does openflux's role allow patching it?")
+            }
+        }
+    }
+
+    /// Objects this Artifact was exported as before, under another name or
+    /// target: kept up to date while a consumer still refers to one (until
+    /// openflux has moved it), deleted once none does.
+    async fn retire(
+        &self,
+        artifact: &Artifact,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+        wanted: &BTreeSet<Target>,
+    ) -> Result<(), Error> {
+        for (target, served) in &self.targets {
+            let old: Vec<Arc<DynamicObject>> = served
+                .exports
+                .state()
+                .into_iter()
+                .filter(|o| o.namespace().as_deref() == Some(namespace))
+                .filter(|o| o.owner_references().iter().any(|r| r.uid == uid))
+                .filter(|o| !(wanted.contains(target) && o.name_any() == name))
+                .collect();
+            for object in old {
+                let old_name = object.name_any();
+                let export = Export::new(&self.ctx, served, namespace, &old_name);
+                let kind = served.resource.kind.as_str();
+                if locks::read(&self.ctx.references).refers_to(namespace, kind, &old_name) {
+                    if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource) {
+                        let latest = export.write_object(&plan, Some((*object).clone())).await?;
+                        export.write_status(&plan, latest.as_ref()).await?;
+                    }
+                    continue;
+                }
+                tracing::info!(kind, name = %old_name, namespace, "deleting an export no consumer refers to any more");
+                export.delete().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes an Artifact's status and, when its `Ready` condition changed,
+    /// emits the Event that change means.
+    async fn set_status(&self, artifact: &Artifact, status: ArtifactStatus) -> Result<(), Error> {
+        let event = events::ready_event(artifact, artifact.ready_condition(), &status);
+        let target = events::alert_target(artifact, &status);
+        let wrote = self.ctx.apply_artifact_status(artifact, status).await?;
+        if let (true, Some(event)) = (wrote, event) {
+            self.ctx
+                .events
+                .publish(artifact, &event, target.as_ref())
+                .await;
+        }
+        Ok(())
+    }
+}

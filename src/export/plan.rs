@@ -1,0 +1,523 @@
+//! What the export controller decides: the object an Artifact is exported
+//! as, whether the exported object already says it, the status it should
+//! carry, and whether its name is taken. Plain functions from data to data.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::{ApiResource, DynamicObject};
+use kube::ResourceExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{
+    conditions, reason, Artifact, API_VERSION, ARTIFACT_LABEL, KIND, MANAGED_BY, MANAGED_BY_LABEL,
+    READY,
+};
+use crate::cluster::target::Target;
+use crate::export::shadow::{self, SHADOW_LABEL};
+use crate::names;
+
+/// The object an Artifact is exported as, and its status.
+#[derive(Debug, PartialEq)]
+pub struct ExportPlan {
+    /// apiVersion, kind, metadata and spec, for a server-side apply.
+    pub object: Value,
+    /// `status.artifact` of the exported object.
+    pub artifact: Value,
+    /// Message of the exported object's `Ready` condition.
+    pub message: String,
+    /// Whether the object is a shadow, whose status also carries
+    /// `observedGeneration` (helm-controller requires it).
+    pub shadow: bool,
+    /// The `reconcile.fluxcd.io/requestedAt` a person set on a shadow, which
+    /// openflux handed to the custom source: its status says it was handled
+    /// (`lastHandledReconcileAt`), as Flux's own sources do.
+    pub handled: Option<String>,
+}
+
+/// The annotation Flux's tools set to ask for a reconcile.
+pub const REQUESTED_AT: &str = "reconcile.fluxcd.io/requestedAt";
+
+/// The reconcile request on an exported object, if any.
+pub fn requested_at(object: &DynamicObject) -> Option<&str> {
+    object
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(REQUESTED_AT)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// Decides what `artifact` is exported as; `Err` says, for a person, why it
+/// cannot be exported. Pure.
+pub fn plan(
+    artifact: &Artifact,
+    export_name: &str,
+    target: Target,
+    resource: &ApiResource,
+) -> Result<ExportPlan, String> {
+    let name = artifact.name_any();
+    let namespace = artifact.namespace().unwrap_or_default();
+    let spec = &artifact.spec;
+    if !(spec.url.starts_with("http://") || spec.url.starts_with("https://")) {
+        return Err(format!(
+            "spec.url {:?} is not an http:// or https:// address; Flux consumers download artifacts over HTTP",
+            spec.url
+        ));
+    }
+    let Some(digest) = spec.digest.clone() else {
+        return Err("spec.digest is missing; Flux consumers verify every download against it, set it to sha256:<hex of the file at spec.url>".to_string());
+    };
+    let uid = artifact
+        .uid()
+        .ok_or_else(|| "the Artifact has no uid yet".to_string())?;
+    let source_ref = match artifact.controller_owner() {
+        Some(o) => json!({
+            "apiVersion": o.api_version,
+            "kind": o.kind,
+            "name": o.name,
+            "namespace": namespace,
+        }),
+        None => json!({
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": name,
+            "namespace": namespace,
+        }),
+    };
+    let mut labels = json!({
+        MANAGED_BY_LABEL: MANAGED_BY,
+        ARTIFACT_LABEL: names::label_value(&name),
+    });
+    if target.is_shadow() {
+        labels[SHADOW_LABEL] = json!("true");
+    }
+    let origin = format!(
+        "{}.{}/{namespace}/{}",
+        source_ref["kind"].as_str().unwrap_or_default(),
+        crate::api::split_api_version(source_ref["apiVersion"].as_str().unwrap_or_default()).0,
+        source_ref["name"].as_str().unwrap_or_default()
+    );
+    let object_spec = match target {
+        Target::ExternalArtifact => json!({ "sourceRef": source_ref }),
+        Target::Shadow(_) => shadow::spec(&namespace, export_name),
+    };
+    let object = json!({
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "metadata": {
+            "name": export_name,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": name,
+                "uid": uid,
+                "controller": true,
+            }],
+        },
+        "spec": object_spec,
+    });
+    let last_update = spec
+        .last_update_time
+        .clone()
+        .or_else(|| artifact.metadata.creation_timestamp.clone())
+        .unwrap_or(Time(Timestamp::UNIX_EPOCH));
+    let (revision, path) = match target {
+        Target::ExternalArtifact => (
+            spec.revision.clone(),
+            spec.path
+                .clone()
+                .unwrap_or_else(|| path_from_url(&spec.url, &name)),
+        ),
+        Target::Shadow(_) => (
+            shadow::revision(&spec.revision, &digest),
+            shadow::path(&namespace, export_name, &digest),
+        ),
+    };
+    let mut exported = json!({
+        "url": spec.url,
+        "revision": revision,
+        "digest": digest,
+        "path": path,
+        "lastUpdateTime": last_update,
+    });
+    if let Some(size) = spec.size {
+        exported["size"] = json!(size);
+    }
+    let mut metadata: serde_json::Map<String, Value> = spec
+        .metadata
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    shadow::add_origin(&mut metadata, &origin, &spec.revision);
+    exported["metadata"] = Value::Object(metadata);
+    Ok(ExportPlan {
+        object,
+        artifact: exported,
+        message: format!("stored artifact for revision '{}'", spec.revision),
+        shadow: target.is_shadow(),
+        handled: None,
+    })
+}
+
+/// The path part of `url` (no leading slash, no query), or `<name>.tar.gz`.
+pub fn path_from_url(url: &str, name: &str) -> String {
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path = after_scheme.split_once('/').map_or("", |(_, p)| p);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    if path.is_empty() {
+        format!("{name}.tar.gz")
+    } else {
+        path.to_string()
+    }
+}
+
+/// Whether the exported object `current` already has the metadata and spec
+/// of `desired` (labels and owner as a subset; other writers may add).
+pub fn object_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
+    let spec_ok = current.data.get("spec") == desired.get("spec");
+    let labels = current.labels();
+    let labels_ok = desired["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+    let owners = current
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    let owner_ok = desired["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|d| {
+            owners
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == d["uid"].as_str())
+        });
+    spec_ok && labels_ok && owner_ok
+}
+
+/// The status the exported object should have, keeping the transition time
+/// of its current `Ready` condition when that stays true.
+pub fn desired_status(
+    current: Option<&DynamicObject>,
+    plan: &ExportPlan,
+    generation: Option<i64>,
+) -> Value {
+    let previous: Option<Condition> = current
+        .and_then(|c| c.data.get("status"))
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == READY))
+        .and_then(|c| Condition::deserialize(c).ok());
+    let condition = conditions::ready(
+        true,
+        reason::SUCCEEDED,
+        &plan.message,
+        generation,
+        previous.as_ref(),
+        &conditions::now(),
+    );
+    let mut status = json!({ "artifact": plan.artifact, "conditions": [condition] });
+    if let (true, Some(generation)) = (plan.shadow, generation) {
+        status["observedGeneration"] = json!(generation);
+    }
+    if let (true, Some(handled)) = (plan.shadow, &plan.handled) {
+        status["lastHandledReconcileAt"] = json!(handled);
+    }
+    status
+}
+
+/// Whether the exported object's status already is `desired` (ignoring the
+/// transition time).
+pub fn status_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
+    let Some(status) = current.data.get("status") else {
+        return false;
+    };
+    let same = |field: &str| status.get(field) == desired.get(field);
+    if !same("artifact") || !same("observedGeneration") || !same("lastHandledReconcileAt") {
+        return false;
+    }
+    let strip = |v: Option<&Value>| -> Vec<Value> {
+        v.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("lastTransitionTime");
+                }
+                c
+            })
+            .collect()
+    };
+    strip(status.get("conditions")) == strip(desired.get("conditions"))
+}
+
+/// Why the name an Artifact would be exported under is taken, if it is.
+pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> {
+    let managed = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    let ours = existing
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == artifact_uid);
+    if ours {
+        return None;
+    }
+    let ns = existing.namespace().unwrap_or_default();
+    let name = existing.name_any();
+    let kind = existing
+        .types
+        .as_ref()
+        .map_or("the exported object", |t| t.kind.as_str());
+    Some(if managed {
+        let other = existing
+            .labels()
+            .get(ARTIFACT_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        format!(
+            "{kind} {ns}/{name} is already exported for Artifact {ns}/{other}; rename this Artifact or its source so that their export names differ"
+        )
+    } else {
+        format!(
+            "{kind} {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
+        )
+    })
+}
+
+/// Labels selecting the objects openflux exports.
+pub fn managed_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ArtifactSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::core::GroupVersionKind;
+
+    fn target() -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "ExternalArtifact"),
+            "externalartifacts",
+        )
+    }
+
+    fn artifact(owner: bool, digest: Option<&str>) -> Artifact {
+        let mut a = Artifact::new(
+            "web",
+            ArtifactSpec {
+                url: "http://store.example:9090/apps/web/abc.tar.gz?x=1".into(),
+                revision: "latest@sha256:abc".into(),
+                digest: digest.map(String::from),
+                size: Some(10),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some("apps".into());
+        a.metadata.uid = Some("a-uid".into());
+        a.metadata.creation_timestamp = Some(Time("2025-01-01T00:00:00Z".parse().unwrap()));
+        if owner {
+            a.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "sources.openflux.dev/v1alpha1".into(),
+                kind: "HttpSource".into(),
+                name: "web".into(),
+                uid: "s-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]);
+        }
+        a
+    }
+
+    #[test]
+    fn exports_custom_artifact_with_source_ref_owner_and_status() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        assert_eq!(p.object["kind"], "ExternalArtifact");
+        assert_eq!(p.object["metadata"]["name"], "httpsource-web");
+        assert_eq!(p.object["metadata"]["namespace"], "apps");
+        assert_eq!(p.object["metadata"]["labels"][MANAGED_BY_LABEL], "openflux");
+        assert_eq!(p.object["metadata"]["ownerReferences"][0]["uid"], "a-uid");
+        assert_eq!(
+            p.object["metadata"]["ownerReferences"][0]["kind"],
+            "Artifact"
+        );
+        assert_eq!(
+            p.object["spec"]["sourceRef"],
+            json!({"apiVersion": "sources.openflux.dev/v1alpha1", "kind": "HttpSource", "name": "web", "namespace": "apps"})
+        );
+        assert_eq!(
+            p.artifact,
+            json!({
+                "url": "http://store.example:9090/apps/web/abc.tar.gz?x=1",
+                "revision": "latest@sha256:abc",
+                "digest": "sha256:abc",
+                "path": "apps/web/abc.tar.gz",
+                "size": 10,
+                "lastUpdateTime": "2025-01-01T00:00:00Z",
+                "metadata": {
+                    "org.opencontainers.image.source": "HttpSource.sources.openflux.dev/apps/web",
+                    "org.opencontainers.image.revision": "latest@sha256:abc",
+                },
+            })
+        );
+        assert!(!p.shadow);
+    }
+
+    #[test]
+    fn shadows_are_suspended_oci_repositories_helm_controller_can_read() {
+        let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let shadow = Target::Shadow(crate::cluster::target::OciVersion::V1);
+        let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "OCIRepository");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "ocirepositories");
+        let p = plan(&artifact(true, Some(digest)), "web.x", shadow, &resource).unwrap();
+        assert!(p.shadow);
+        assert_eq!(p.object["kind"], "OCIRepository");
+        assert_eq!(p.object["metadata"]["labels"][SHADOW_LABEL], "true");
+        assert_eq!(p.object["spec"]["suspend"], true);
+        assert!(p.object["spec"].get("sourceRef").is_none());
+        // A revision helm-controller cannot parse becomes the digest; the
+        // producer's stays in the origin metadata.
+        assert_eq!(p.artifact["revision"], digest);
+        assert_eq!(
+            p.artifact["metadata"]["org.opencontainers.image.revision"],
+            "latest@sha256:abc"
+        );
+        assert!(p.artifact["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("openflux/apps/web.x/"));
+        let status = desired_status(None, &p, Some(3));
+        assert_eq!(status["observedGeneration"], 3);
+        let conditions = status["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1, "only Ready: {status}");
+        // An ExternalArtifact's status has no observedGeneration.
+        let ea = plan(
+            &artifact(true, Some(digest)),
+            "web.x",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        assert!(desired_status(None, &ea, Some(3))
+            .get("observedGeneration")
+            .is_none());
+    }
+
+    #[test]
+    fn standalone_artifact_points_at_itself() {
+        let p = plan(
+            &artifact(false, Some("sha256:abc")),
+            "artifact-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        assert_eq!(p.object["spec"]["sourceRef"]["kind"], "Artifact");
+        assert_eq!(
+            p.object["spec"]["sourceRef"]["apiVersion"],
+            "openflux.dev/v1alpha1"
+        );
+    }
+
+    #[test]
+    fn refuses_artifacts_flux_could_not_use() {
+        let err = plan(
+            &artifact(true, None),
+            "x",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap_err();
+        assert!(err.contains("spec.digest is missing"), "{err}");
+        let mut a = artifact(true, Some("sha256:abc"));
+        a.spec.url = "file:///etc/passwd".into();
+        assert!(plan(&a, "x", Target::ExternalArtifact, &target())
+            .unwrap_err()
+            .contains("not an http"));
+    }
+
+    #[test]
+    fn paths_from_urls() {
+        assert_eq!(path_from_url("http://h:1/a/b.tgz", "n"), "a/b.tgz");
+        assert_eq!(path_from_url("https://h", "n"), "n.tar.gz");
+        assert_eq!(path_from_url("http://h/x.tgz#f", "n"), "x.tgz");
+    }
+
+    fn dynamic(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn up_to_date_checks_and_status_comparison() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        let mut current = dynamic(p.object.clone());
+        assert!(object_up_to_date(&current, &p.object));
+        let desired = desired_status(Some(&current), &p, Some(1));
+        assert!(!status_up_to_date(&current, &desired));
+        current.data["status"] = desired.clone();
+        assert!(status_up_to_date(&current, &desired));
+        // Same status later: the transition time is kept.
+        let again = desired_status(Some(&current), &p, Some(1));
+        assert_eq!(again, desired);
+        // A new revision changes the status.
+        let mut newer = artifact(true, Some("sha256:def"));
+        newer.spec.revision = "latest@sha256:def".into();
+        let p2 = plan(
+            &newer,
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        assert!(!status_up_to_date(
+            &current,
+            &desired_status(Some(&current), &p2, Some(1))
+        ));
+    }
+
+    #[test]
+    fn conflicts_name_the_way_out() {
+        let p = plan(
+            &artifact(true, Some("sha256:abc")),
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+        )
+        .unwrap();
+        let ours = dynamic(p.object.clone());
+        assert_eq!(conflict(&ours, "a-uid"), None);
+        let mut foreign = ours.clone();
+        foreign.metadata.labels = None;
+        foreign.metadata.owner_references = None;
+        assert!(conflict(&foreign, "a-uid")
+            .unwrap()
+            .contains("not managed by openflux"));
+        let other = ours.clone();
+        assert!(conflict(&other, "other-uid")
+            .unwrap()
+            .contains("already exported"));
+    }
+}

@@ -1,0 +1,140 @@
+//! The trust check before an Artifact of a custom source is exported: its
+//! writer (recorded by the webhook, see [`crate::export::trust`]) must be allowed to
+//! update the status of the source the Artifact's controller ownerReference
+//! names, which the API server answers in a SubjectAccessReview. Answers are
+//! kept for [`ANSWER_TTL`], so a steady stream of revisions costs no review.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use kube::api::PostParams;
+use kube::core::GroupVersionKind;
+use kube::{Api, Client, ResourceExt};
+
+use crate::adopt::plan::ADOPTED_FROM_LABEL;
+use crate::api::{split_api_version, Artifact};
+use crate::export::trust::{
+    access_review, verdict, Claim, Verdict, Writer, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION,
+};
+use crate::locks;
+
+/// How long an answer of the API server is reused.
+pub const ANSWER_TTL: Duration = Duration::from_secs(60);
+
+/// The trust check, built once per run.
+pub struct Verifier {
+    client: Client,
+    enabled: bool,
+    /// openflux's own user name, from a SelfSubjectReview.
+    me: Option<String>,
+    answers: Mutex<HashMap<String, (Instant, Verdict)>>,
+    plurals: Mutex<HashMap<String, String>>,
+}
+
+impl Verifier {
+    /// `enabled: false` trusts every Artifact (`--verify-artifact-writers=false`).
+    pub async fn new(client: Client, enabled: bool) -> Self {
+        let me = match enabled {
+            true => whoami(&client).await,
+            false => None,
+        };
+        Self {
+            client,
+            enabled,
+            me,
+            answers: Mutex::default(),
+            plurals: Mutex::default(),
+        }
+    }
+
+    /// Whether `artifact` may speak for the source its controller owner
+    /// names. Artifacts without such an owner need no check.
+    pub async fn check(&self, artifact: &Artifact) -> Result<Verdict, kube::Error> {
+        let Some(owner) = artifact.controller_owner() else {
+            return Ok(Verdict::Trusted);
+        };
+        if !self.enabled {
+            return Ok(Verdict::Trusted);
+        }
+        let annotations = artifact.annotations();
+        let mut written = annotations
+            .get(WRITER_ANNOTATION)
+            .and_then(|w| Writer::from_annotation(w));
+        let adopted = artifact.labels().contains_key(ADOPTED_FROM_LABEL);
+        if adopted && written.as_ref().map(|w| &w.username) == self.me.as_ref() {
+            written = annotations
+                .get(ADOPTED_WRITER_ANNOTATION)
+                .and_then(|w| Writer::from_annotation(w));
+        }
+        let Some(writer) = written else {
+            return Ok(Verdict::Untrusted(format!(
+                "no writer is recorded on this Artifact (annotation {WRITER_ANNOTATION}): it was written \
+                 while openflux's admission webhook for Artifacts was not installed; install it \
+                 (webhook-config/) and write the Artifact again"
+            )));
+        };
+        let (group, version) = split_api_version(&owner.api_version);
+        let namespace = artifact.namespace().unwrap_or_default();
+        let key = format!(
+            "{}|{group}|{}|{namespace}|{}",
+            writer.to_annotation(),
+            owner.kind,
+            owner.name
+        );
+        if let Some((at, answer)) = locks::lock(&self.answers).get(&key) {
+            if at.elapsed() < ANSWER_TTL {
+                return Ok(answer.clone());
+            }
+        }
+        let plural = self.plural(group, version, &owner.kind).await?;
+        let claim = Claim {
+            group,
+            resource: &plural,
+            namespace: &namespace,
+            name: &owner.name,
+        };
+        let review: SubjectAccessReview = serde_json::from_value(access_review(&writer, &claim))
+            .map_err(kube::Error::SerdeError)?;
+        let answered = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await?;
+        let status = serde_json::to_value(answered.status).unwrap_or_default();
+        let answer = verdict(&writer, &claim, &status);
+        let mut answers = locks::lock(&self.answers);
+        answers.retain(|_, (at, _)| at.elapsed() < ANSWER_TTL);
+        answers.insert(key, (Instant::now(), answer.clone()));
+        Ok(answer)
+    }
+
+    async fn plural(&self, group: &str, version: &str, kind: &str) -> Result<String, kube::Error> {
+        let key = format!("{group}/{version}/{kind}");
+        if let Some(p) = locks::lock(&self.plurals).get(&key) {
+            return Ok(p.clone());
+        }
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, _) = kube::discovery::pinned_kind(&self.client, &gvk).await?;
+        locks::lock(&self.plurals).insert(key, resource.plural.clone());
+        Ok(resource.plural)
+    }
+}
+
+/// openflux's own user name, as the API server sees it.
+async fn whoami(client: &Client) -> Option<String> {
+    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"
+    }))
+    .ok()?;
+    match Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+    {
+        Ok(r) => r.status?.user_info?.username,
+        Err(error) => {
+            tracing::warn!(%error, "cannot learn openflux's own identity (SelfSubjectReview); adopted Open Flux Artifacts are checked as written by openflux");
+            None
+        }
+    }
+}

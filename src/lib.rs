@@ -1,0 +1,20 @@
+//! openflux: opens upstream Flux to custom source types.
+//!
+//! See the README for the user's view; each module's documentation says what
+//! it is responsible for.
+
+pub use openflux_api as api;
+pub mod adopt;
+pub mod certs;
+pub mod cluster;
+pub mod consumers;
+pub mod context;
+pub mod export;
+pub mod index;
+pub mod locks;
+pub mod mirror;
+pub mod names;
+pub mod runtime;
+pub mod shard;
+pub mod telemetry;
+pub mod webhook;

@@ -1,0 +1,157 @@
+//! The `openflux` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// mimalloc: with thousands of cached objects made and dropped by the
+/// watches, it keeps the process about a tenth smaller than the system
+/// allocator (docs/benchmarks.md, "Where the memory goes").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "openflux",
+    version,
+    about = "Opens upstream Flux to custom source types"
+)]
+struct Cli {
+    /// Path to a kubeconfig; by default in-cluster config or $KUBECONFIG.
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunCmd {
+    #[command(flatten)]
+    run: openflux::runtime::RunArgs,
+    #[command(flatten)]
+    webhook: openflux::webhook::WebhookArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the controllers (mirror, export) and the admission webhook.
+    Run(Box<RunCmd>),
+    /// Print the CustomResourceDefinitions of openflux's API as YAML.
+    Crds,
+    /// Write a CA and a serving certificate for the webhook.
+    Certs(openflux::certs::CertsArgs),
+}
+
+async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .map_err(|e| anyhow::anyhow!("cannot read kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn main_inner(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crds => {
+            print!("{}", openflux::api::crd_yaml()?);
+            Ok(())
+        }
+        Command::Certs(args) => openflux::certs::run(args),
+        Command::Run(cmd) => {
+            let RunCmd { run: args, webhook } = *cmd;
+            openflux_api::runtime::logging::init(&args.runtime.log)?;
+            let client = client(cli.kubeconfig).await?;
+            openflux::runtime::run(args, client, move |shared| {
+                let metrics =
+                    openflux::webhook::register(&mut openflux::locks::lock(&shared.registry));
+                openflux::webhook::serve(
+                    webhook,
+                    Some(shared.client.clone()),
+                    openflux::webhook::Knowledge {
+                        index: shared.index.clone(),
+                        facts: shared.facts.clone(),
+                    },
+                    metrics,
+                    shared.shutdown.clone().cancelled_owned(),
+                )
+            })
+            .await
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match main_inner(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("openflux: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment() -> serde_json::Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/deployment.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        serde_yaml_ng::from_str(&text).unwrap()
+    }
+
+    /// The arguments of the openflux container of the shipped Deployment.
+    fn deployment_args() -> Vec<String> {
+        let args = &deployment()["spec"]["template"]["spec"]["containers"][0]["args"];
+        serde_json::from_value(args.clone()).unwrap()
+    }
+
+    /// The Deployment's shutdown timings cover openflux's own bounds: the
+    /// preStop sleep, then the webhook's drain and the controllers' stop
+    /// and the Lease release, which run side by side.
+    #[test]
+    fn the_grace_period_covers_the_shutdown_bounds() {
+        let pod = &deployment()["spec"]["template"]["spec"];
+        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+        let pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+            .as_u64()
+            .unwrap();
+        let runtime = openflux::runtime::CONTROLLERS_STOP_GRACE
+            + openflux_api::runtime::leader::RELEASE_TIMEOUT
+            + openflux::runtime::SERVER_STOP_GRACE;
+        let shutdown = runtime.max(openflux::webhook::server::SHUTDOWN_GRACE);
+        assert!(
+            shutdown < std::time::Duration::from_secs(10),
+            "{shutdown:?}"
+        );
+        assert!(pre_stop >= 1);
+        assert!(grace >= pre_stop + 10, "{grace} s < {pre_stop} s + 10 s");
+    }
+
+    #[test]
+    fn the_shipped_deployment_parses_with_flux_conventions() {
+        let args = deployment_args();
+        let cli = Cli::try_parse_from(std::iter::once("openflux".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("manifests/deployment.yaml: {e}"));
+        let Command::Run(cmd) = cli.command else {
+            panic!("the Deployment runs `openflux run`");
+        };
+        let runtime = &cmd.run.runtime;
+        assert!(runtime.leader_election.enable_leader_election);
+        assert_eq!(
+            runtime.log.log_encoding,
+            openflux_api::runtime::flags::LogEncoding::Json
+        );
+        assert_eq!(
+            (runtime.metrics_addr.port(), runtime.health_addr.port()),
+            (8080, 9440)
+        );
+    }
+}

@@ -1,0 +1,415 @@
+//! What the mirror decides, from a stock source object alone: the Artifact
+//! it implies (or that it has none), whether a stored Artifact already says
+//! it, and the status openflux keeps on it. Plain functions from data to data.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::ObjectMeta;
+use kube::ResourceExt;
+
+use super::source::FluxSource;
+use crate::api::{
+    is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, MANAGED_BY,
+    MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+};
+use crate::{names, shard};
+
+/// What the mirror should do for one source.
+#[derive(Debug, PartialEq)]
+pub enum Plan {
+    /// Nothing: the source is openflux's own export.
+    Skip,
+    /// The source has no artifact: its Artifact, if any, goes.
+    Remove { name: String },
+    /// The source's artifact, as an Artifact.
+    Mirror(Box<Artifact>),
+}
+
+/// Why a source's artifact cannot be mirrored.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("{kind} {namespace}/{name}: status.artifact is malformed: {detail}")]
+pub struct InvalidSource {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub detail: String,
+}
+
+/// The Artifact a stock source implies. Pure: decides from the object alone.
+pub fn plan(
+    stock: &StockSource,
+    api_version: &str,
+    source: &FluxSource,
+) -> Result<Plan, InvalidSource> {
+    let kind = stock.kind;
+    let name = source.name_any();
+    let namespace = source.namespace().unwrap_or_default();
+    if is_own_export(stock, source) {
+        return Ok(Plan::Skip);
+    }
+    let artifact_name = names::mirror_artifact_name(stock, &name);
+    let Some(artifact) = source.artifact.as_deref() else {
+        return Ok(Plan::Remove {
+            name: artifact_name,
+        });
+    };
+    let spec: ArtifactSpec = serde_json::from_str(artifact).map_err(|e| InvalidSource {
+        kind: kind.to_string(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+        detail: e.to_string(),
+    })?;
+    let owner = OwnerReference {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+        name: name.clone(),
+        uid: source.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    let artifact = Artifact {
+        metadata: ObjectMeta {
+            name: Some(artifact_name),
+            namespace: Some(namespace),
+            labels: Some(
+                BTreeMap::from([
+                    (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                    (
+                        SOURCE_KIND_LABEL.to_string(),
+                        names::label_value(&kind.to_ascii_lowercase()),
+                    ),
+                    (SOURCE_NAME_LABEL.to_string(), names::label_value(&name)),
+                ])
+                .into_iter()
+                .chain(shard::shard_label_of(source.labels()))
+                .collect(),
+            ),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    };
+    Ok(Plan::Mirror(Box::new(artifact)))
+}
+
+/// Whether `source` is an object openflux exported itself (an
+/// ExternalArtifact, or a shadow of any kind): mirroring it would loop.
+pub fn is_own_export(stock: &StockSource, source: &FluxSource) -> bool {
+    let labels = source.labels();
+    let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    managed
+        && (*stock == StockSource::EXTERNAL_ARTIFACT
+            || labels.contains_key(crate::export::shadow::SHADOW_LABEL))
+}
+
+/// Keeps of a cached source only what the mirror reads: its name,
+/// namespace, uid and labels (the artifact is all that is left of the rest,
+/// see [`FluxSource`]).
+pub fn slim(source: &mut FluxSource) {
+    let meta = std::mem::take(&mut source.metadata);
+    source.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        labels: meta.labels.filter(|l| !l.is_empty()),
+        ..ObjectMeta::default()
+    };
+}
+
+/// Whether `artifact` is the mirror of a stock Flux source: its controller
+/// is a kind of source-controller's. Flux reads such a source itself; of
+/// these Artifacts only the mirror reads more than the owner index keeps,
+/// and it reads their [`fingerprint`].
+pub fn is_mirrored(artifact: &Artifact) -> bool {
+    controller_of(artifact).is_some_and(|o| {
+        let (group, _) = split_api_version(&o.api_version);
+        is_stock_source(group, &o.kind)
+    })
+}
+
+fn controller_of(artifact: &Artifact) -> Option<&OwnerReference> {
+    artifact
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
+/// What the mirror writes on an Artifact, as one number: its spec, the
+/// labels the mirror sets (the shard's included) and its controller's uid.
+/// A stored Artifact says what its source says exactly when its fingerprint
+/// is that of the Artifact [`plan`] made; labels others added do not count.
+/// The owner index keeps this number of a mirrored Artifact, in place of
+/// the object.
+pub fn fingerprint(artifact: &Artifact) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    // The spec's JSON, written straight into the hasher (writing to it
+    // cannot fail).
+    let _ = serde_json::to_writer(HashWriter(&mut hasher), &artifact.spec);
+    let labels = artifact.labels();
+    for key in [
+        MANAGED_BY_LABEL,
+        SOURCE_KIND_LABEL,
+        SOURCE_NAME_LABEL,
+        shard::SHARD_LABEL,
+    ] {
+        labels.get(key).hash(&mut hasher);
+    }
+    controller_of(artifact)
+        .map(|o| o.uid.as_str())
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Bytes written into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        Hasher::write(self.0, bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn source(kind: &str, status: serde_json::Value, labels: serde_json::Value) -> FluxSource {
+        serde_json::from_value(json!({
+            "apiVersion": "source.toolkit.fluxcd.io/v1",
+            "kind": kind,
+            "metadata": {"name": "podinfo", "namespace": "apps", "uid": "u-1", "labels": labels},
+            "spec": {},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// A GitRepository with an artifact in its status.
+    fn podinfo() -> FluxSource {
+        source(
+            "GitRepository",
+            json!({"artifact": flux_artifact()}),
+            json!({}),
+        )
+    }
+
+    /// The Artifact the mirror plans for the GitRepository `s`.
+    fn mirrored(s: &FluxSource) -> Artifact {
+        match plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            s,
+        )
+        .unwrap()
+        {
+            Plan::Mirror(a) => *a,
+            other => panic!("expected a mirror plan, got {other:?}"),
+        }
+    }
+
+    fn flux_artifact() -> serde_json::Value {
+        json!({
+            "digest": "sha256:aa",
+            "lastUpdateTime": "2025-05-06T07:08:09Z",
+            "path": "gitrepository/apps/podinfo/abc.tar.gz",
+            "revision": "main@sha1:abc",
+            "size": 42,
+            "url": "http://source-controller.flux-system.svc/gitrepository/apps/podinfo/abc.tar.gz"
+        })
+    }
+
+    #[test]
+    fn mirrors_status_artifact_field_for_field() {
+        let s = podinfo();
+        let a = mirrored(&s);
+        assert_eq!(a.name_any(), "gitrepository-podinfo");
+        assert_eq!(a.namespace().as_deref(), Some("apps"));
+        assert_eq!(serde_json::to_value(&a.spec).unwrap(), flux_artifact());
+        let owner = a.controller_owner().unwrap();
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("GitRepository", "u-1")
+        );
+        assert_eq!(a.labels().get(SOURCE_KIND_LABEL).unwrap(), "gitrepository");
+        assert_eq!(a.labels().get(SOURCE_NAME_LABEL).unwrap(), "podinfo");
+    }
+
+    #[test]
+    fn no_artifact_means_remove() {
+        let s = source("Bucket", json!({"conditions": []}), json!({}));
+        assert_eq!(
+            plan(&StockSource::BUCKET, "source.toolkit.fluxcd.io/v1", &s).unwrap(),
+            Plan::Remove {
+                name: "bucket-podinfo".into()
+            }
+        );
+        let s = source("Bucket", json!({"artifact": null}), json!({}));
+        assert!(matches!(
+            plan(&StockSource::BUCKET, "v", &s).unwrap(),
+            Plan::Remove { .. }
+        ));
+    }
+
+    #[test]
+    fn own_exports_are_never_mirrored_but_foreign_ones_are() {
+        let ours = source(
+            "ExternalArtifact",
+            json!({"artifact": flux_artifact()}),
+            json!({MANAGED_BY_LABEL: MANAGED_BY}),
+        );
+        assert_eq!(
+            plan(
+                &StockSource::EXTERNAL_ARTIFACT,
+                "source.toolkit.fluxcd.io/v1",
+                &ours
+            )
+            .unwrap(),
+            Plan::Skip
+        );
+        let foreign = source(
+            "ExternalArtifact",
+            json!({"artifact": flux_artifact()}),
+            json!({}),
+        );
+        assert!(matches!(
+            plan(
+                &StockSource::EXTERNAL_ARTIFACT,
+                "source.toolkit.fluxcd.io/v1",
+                &foreign
+            )
+            .unwrap(),
+            Plan::Mirror(_)
+        ));
+    }
+
+    #[test]
+    fn malformed_artifact_is_an_error_not_a_panic() {
+        let s = source("GitRepository", json!({"artifact": {"url": 5}}), json!({}));
+        let err = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("GitRepository apps/podinfo"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_covers_spec_labels_and_owner() {
+        let s = podinfo();
+        let desired = mirrored(&s);
+        assert!(is_mirrored(&desired));
+        let same = |a: &Artifact| fingerprint(a) == fingerprint(&desired);
+        let mut current = desired.clone();
+        current.metadata.resource_version = Some("7".into());
+        current.metadata.uid = Some("a-1".into());
+        current
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("extra".into(), "kept".into());
+        current.metadata.annotations = Some([("a".into(), "b".into())].into());
+        assert!(same(&current), "what the mirror does not write");
+        let mut changed = current.clone();
+        changed.spec.revision = "main@sha1:def".into();
+        assert!(!same(&changed));
+        let mut changed = current.clone();
+        changed.spec.size = None;
+        assert!(!same(&changed));
+        let mut changed = current.clone();
+        changed.spec.metadata = Some([("k".into(), "v".into())].into());
+        assert!(!same(&changed));
+        for label in [MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL] {
+            let mut changed = current.clone();
+            changed.metadata.labels.as_mut().unwrap().remove(label);
+            assert!(!same(&changed), "{label}");
+        }
+        let mut orphan = desired.clone();
+        orphan.metadata.owner_references = None;
+        assert!(!same(&orphan));
+        assert!(!is_mirrored(&orphan));
+        let mut adopted = desired.clone();
+        adopted.metadata.owner_references.as_mut().unwrap()[0].uid = "u-2".into();
+        assert!(!same(&adopted));
+        let mut custom = desired.clone();
+        let owner = &mut custom.metadata.owner_references.as_mut().unwrap()[0];
+        (owner.api_version, owner.kind) = ("example.com/v1".into(), "HttpSource".into());
+        assert!(!is_mirrored(&custom));
+    }
+
+    #[test]
+    fn the_mirrored_artifact_is_in_its_sources_shard() {
+        let key = crate::shard::SHARD_LABEL;
+        let sharded = source(
+            "GitRepository",
+            json!({"artifact": flux_artifact()}),
+            json!({key: "shard1"}),
+        );
+        let desired = mirrored(&sharded);
+        assert_eq!(desired.labels()[key], "shard1");
+        let unsharded = mirrored(&podinfo());
+        assert!(!unsharded.labels().contains_key(key));
+        // Moving the source moves its Artifact: either way it is rewritten.
+        assert_ne!(fingerprint(&unsharded), fingerprint(&desired));
+        assert_eq!(fingerprint(&desired), fingerprint(&desired.clone()));
+    }
+
+    #[test]
+    fn slimmed_sources_plan_the_same() {
+        let mut s = source(
+            "GitRepository",
+            json!({"artifact": flux_artifact(), "conditions": []}),
+            json!({"a": "b"}),
+        );
+        let before = plan(
+            &StockSource::GIT_REPOSITORY,
+            "source.toolkit.fluxcd.io/v1",
+            &s,
+        )
+        .unwrap();
+        s.metadata.resource_version = Some("9".into());
+        s.metadata.finalizers = Some(vec!["finalizers.fluxcd.io".into()]);
+        slim(&mut s);
+        assert_eq!(s.labels()["a"], "b");
+        assert_eq!(
+            (
+                s.metadata.resource_version.as_ref(),
+                s.metadata.finalizers.as_ref()
+            ),
+            (None, None)
+        );
+        assert_eq!(s.uid().as_deref(), Some("u-1"));
+        assert_eq!(
+            plan(
+                &StockSource::GIT_REPOSITORY,
+                "source.toolkit.fluxcd.io/v1",
+                &s
+            )
+            .unwrap(),
+            before
+        );
+        let mut gone = source("GitRepository", json!({}), json!({}));
+        slim(&mut gone);
+        assert_eq!(gone.metadata.labels, None);
+        assert!(matches!(
+            plan(&StockSource::GIT_REPOSITORY, "v", &gone).unwrap(),
+            Plan::Remove { .. }
+        ));
+    }
+}

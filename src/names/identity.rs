@@ -1,0 +1,235 @@
+//! Export identity: the name of what a consumer is pointed at, and which
+//! Artifact of a source fills it.
+//!
+//! Rules (docs/export-targets.md says the same for users):
+//!
+//! - A reference to a source exports to one name derived from the source's
+//!   API group, kind and name, [`source_export_name`]: `<name>.<kind>.<group>`
+//!   (`web.httpsource.sources.openflux.dev`). It never depends on how many
+//!   Artifacts the source has, so a consumer rewritten once keeps pointing at
+//!   the right object while Artifacts come and go.
+//! - The Artifact that fills it is the source's *default* Artifact
+//!   ([`default_artifact`]): the one its producer labels
+//!   `openflux.dev/default-artifact: "true"`; without a label, the oldest
+//!   (creation time, then name). Adding an Artifact never moves the default;
+//!   removing the default moves it to the next oldest.
+//! - A reference to one Artifact (`kind: Artifact`) exports to
+//!   [`artifact_export_name`]: `<artifact>.artifact.openflux.dev`, unless
+//!   that Artifact is its source's default, which is the source export.
+//!
+//! Names longer than Kubernetes allows are cut and end in a hash of the whole
+//! (see [`crate::names`]), so distinct identities stay distinct. Two
+//! identities that still spell the same name are a collision: the export
+//! controller reports it on both Artifacts and the webhook denies with a
+//! message naming what to rename; nothing is shared silently.
+
+use crate::api::{GROUP, KIND};
+use crate::names::bounded_name;
+
+/// Label a producer sets on the Artifact that speaks for its source.
+pub const DEFAULT_ARTIFACT_LABEL: &str = "openflux.dev/default-artifact";
+
+/// Name of the object exported for a source of `group`/`kind` named `name`.
+pub fn source_export_name(group: &str, kind: &str, name: &str) -> String {
+    let kind = kind.to_ascii_lowercase();
+    if group.is_empty() {
+        bounded_name(&format!("{name}.{kind}"))
+    } else {
+        bounded_name(&format!("{name}.{kind}.{group}"))
+    }
+}
+
+/// Name of the object exported for one Artifact referenced directly (not its
+/// source's default), or for an Artifact without an owner.
+pub fn artifact_export_name(artifact: &str) -> String {
+    bounded_name(&format!("{artifact}.artifact.{GROUP}"))
+}
+
+/// Whether `candidate` is a name openflux gives, or gave in earlier
+/// releases, to the export of a reference to `kind`/`name` (of `group` when
+/// known): what a consumer it rewrote points at. Earlier releases named
+/// exports `<kind>-<name>` and `artifact-<artifact>`.
+pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &str) -> bool {
+    let lower = kind.to_ascii_lowercase();
+    let direct = kind == KIND && group.is_none_or(|g| g == GROUP);
+    let current = match (direct, group) {
+        (true, _) => candidate == artifact_export_name(name),
+        (false, Some(g)) => candidate == source_export_name(g, kind, name),
+        (false, None) => candidate
+            .strip_prefix(&format!("{name}.{lower}."))
+            .is_some_and(|g| !g.is_empty()),
+    };
+    let legacy = if direct {
+        crate::names::legacy_artifact_export_name(name)
+    } else {
+        crate::names::legacy_export_name(kind, name)
+    };
+    current || candidate == legacy
+}
+
+/// One Artifact of a source, as the default rule sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate<T: Ord> {
+    pub name: String,
+    /// Creation time (any ordered representation); `None` sorts last.
+    pub created: Option<T>,
+    /// Whether the producer labelled it the default.
+    pub labelled_default: bool,
+}
+
+/// The default Artifact among a source's Artifacts. Pure and independent of
+/// the order of `candidates`.
+pub fn default_artifact<T: Ord>(candidates: &[Candidate<T>]) -> Option<&Candidate<T>> {
+    candidates.iter().min_by(|a, b| {
+        // Labelled first, then the oldest (None last), then by name.
+        b.labelled_default
+            .cmp(&a.labelled_default)
+            .then_with(|| match (&a.created, &b.created) {
+                (Some(x), Some(y)) => x.cmp(y),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => std::cmp::Ordering::Equal,
+            })
+            .then_with(|| a.name.cmp(&b.name))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::MAX_NAME;
+
+    fn c(name: &str, created: Option<u32>, labelled: bool) -> Candidate<u32> {
+        Candidate {
+            name: name.into(),
+            created,
+            labelled_default: labelled,
+        }
+    }
+
+    #[test]
+    fn export_names_of_now_and_before_are_recognised() {
+        let g = Some("sources.openflux.dev");
+        assert!(is_export_name(
+            g,
+            "HttpSource",
+            "web",
+            "web.httpsource.sources.openflux.dev"
+        ));
+        assert!(is_export_name(
+            None,
+            "HttpSource",
+            "web",
+            "web.httpsource.sources.openflux.dev"
+        ));
+        assert!(is_export_name(g, "HttpSource", "web", "httpsource-web"));
+        assert!(!is_export_name(
+            g,
+            "HttpSource",
+            "web",
+            "web.httpsource.other.io"
+        ));
+        assert!(!is_export_name(
+            None,
+            "HttpSource",
+            "web",
+            "web.httpsource."
+        ));
+        assert!(!is_export_name(g, "HttpSource", "web", "my-own-repo"));
+        assert!(is_export_name(
+            None,
+            "Artifact",
+            "a1",
+            "a1.artifact.openflux.dev"
+        ));
+        assert!(is_export_name(
+            Some("openflux.dev"),
+            "Artifact",
+            "a1",
+            "artifact-a1"
+        ));
+        assert!(!is_export_name(None, "Artifact", "a1", "a1.artifact.other"));
+    }
+
+    #[test]
+    fn names_carry_the_group() {
+        assert_eq!(
+            source_export_name("sources.openflux.dev", "HttpSource", "web"),
+            "web.httpsource.sources.openflux.dev"
+        );
+        assert_ne!(
+            source_export_name("sources.openflux.dev", "HttpSource", "web"),
+            source_export_name("other.io", "HttpSource", "web")
+        );
+        assert_eq!(
+            artifact_export_name("web-v2"),
+            "web-v2.artifact.openflux.dev"
+        );
+    }
+
+    #[test]
+    fn mirrored_and_custom_names_do_not_clash() {
+        // A custom source named like a mirrored Artifact.
+        let custom = source_export_name("sources.openflux.dev", "HttpSource", "gitrepository-x");
+        let mirror =
+            crate::names::mirror_artifact_name(&crate::api::StockSource::GIT_REPOSITORY, "x");
+        assert_ne!(custom, mirror);
+        assert_ne!(artifact_export_name("x"), mirror);
+    }
+
+    #[test]
+    fn long_names_stay_valid_and_distinct() {
+        let long = "a".repeat(250);
+        let one = source_export_name("sources.openflux.dev", "HttpSource", &long);
+        let two = source_export_name("other.io", "HttpSource", &long);
+        assert!(one.len() <= MAX_NAME && two.len() <= MAX_NAME);
+        assert_ne!(one, two);
+        assert!(one.ends_with(|ch: char| ch.is_ascii_alphanumeric()));
+    }
+
+    #[test]
+    fn the_default_is_the_labelled_one_then_the_oldest() {
+        let rows: Vec<(Vec<Candidate<u32>>, Option<&str>)> = vec![
+            (vec![], None),
+            (vec![c("only", Some(5), false)], Some("only")),
+            (
+                vec![c("new", Some(9), false), c("old", Some(1), false)],
+                Some("old"),
+            ),
+            (
+                vec![c("old", Some(1), false), c("marked", Some(9), true)],
+                Some("marked"),
+            ),
+            (
+                vec![c("b", Some(1), false), c("a", Some(1), false)],
+                Some("a"),
+            ),
+            (
+                vec![c("unknown", None, false), c("dated", Some(7), false)],
+                Some("dated"),
+            ),
+            (
+                vec![c("m2", Some(3), true), c("m1", Some(4), true)],
+                Some("m2"),
+            ),
+        ];
+        for (candidates, want) in rows {
+            let got = default_artifact(&candidates).map(|c| c.name.as_str());
+            assert_eq!(got, want, "{candidates:?}");
+            let mut reversed = candidates.clone();
+            reversed.reverse();
+            assert_eq!(default_artifact(&reversed).map(|c| c.name.as_str()), want);
+        }
+    }
+
+    #[test]
+    fn adding_an_artifact_never_moves_the_default() {
+        let mut artifacts = vec![c("first", Some(10), false)];
+        for (i, name) in ["second", "third", "fourth"].iter().enumerate() {
+            artifacts.push(c(name, Some(11 + i as u32), false));
+            assert_eq!(default_artifact(&artifacts).unwrap().name, "first");
+        }
+        artifacts.remove(0);
+        assert_eq!(default_artifact(&artifacts).unwrap().name, "second");
+    }
+}

@@ -1,0 +1,107 @@
+//! Deterministic object names.
+//!
+//! The mirror names an Artifact after its source's kind and name
+//! (`<kind>-<name>`, [`mirror_artifact_name`]). Exported objects are named
+//! by [`identity`] (`<name>.<kind>.<group>`), which the webhook computes too,
+//! so it can rewrite a reference before the exported object exists; the
+//! names earlier releases gave exports (`<kind>-<name>`, `artifact-<name>`)
+//! are kept here only to recognise consumers rewritten to them. Names longer
+//! than Kubernetes allows are cut and given a hash suffix, so distinct inputs
+//! stay distinct.
+
+pub mod identity;
+
+use sha2::{Digest, Sha256};
+
+use crate::api::StockSource;
+
+/// Longest object name Kubernetes accepts for most resources (DNS subdomain).
+pub const MAX_NAME: usize = 253;
+/// Longest label value Kubernetes accepts.
+pub const MAX_LABEL_VALUE: usize = 63;
+/// Hex characters of the hash suffix added to names that had to be cut.
+const HASH_LEN: usize = 10;
+
+/// Name of the Artifact mirrored from the stock source `name` of kind `stock`.
+pub fn mirror_artifact_name(stock: &StockSource, name: &str) -> String {
+    joined(&stock.kind.to_ascii_lowercase(), name, MAX_NAME)
+}
+
+/// The name earlier releases gave the export of source `kind`/`name`.
+pub fn legacy_export_name(kind: &str, name: &str) -> String {
+    joined(&kind.to_ascii_lowercase(), name, MAX_NAME)
+}
+
+/// The name earlier releases gave the export of one Artifact referenced
+/// directly.
+pub fn legacy_artifact_export_name(artifact_name: &str) -> String {
+    joined("artifact", artifact_name, MAX_NAME)
+}
+
+/// `value` as an object name: itself when it fits, otherwise cut and given a
+/// hash suffix of the whole.
+pub fn bounded_name(value: &str) -> String {
+    bounded(value, MAX_NAME)
+}
+
+/// A label value for `value`, cut with a hash suffix when it is too long.
+pub fn label_value(value: &str) -> String {
+    bounded(value, MAX_LABEL_VALUE)
+}
+
+fn joined(prefix: &str, name: &str, max: usize) -> String {
+    bounded(&format!("{prefix}-{name}"), max)
+}
+
+/// `value` itself when it fits in `max` characters, otherwise its first part
+/// and a hash of the whole, ending in an alphanumeric character.
+fn bounded(value: &str, max: usize) -> String {
+    if value.len() <= max {
+        return value.to_string();
+    }
+    let hash = hex::encode(Sha256::digest(value.as_bytes()));
+    let keep = max - HASH_LEN - 1;
+    // Names are ASCII (DNS subdomains), but stay safe on any input.
+    let mut cut = keep;
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = value[..cut].trim_end_matches(['-', '.']);
+    format!("{head}-{}", &hash[..HASH_LEN])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_kind_dash_name() {
+        assert_eq!(
+            mirror_artifact_name(&StockSource::GIT_REPOSITORY, "podinfo"),
+            "gitrepository-podinfo"
+        );
+        assert_eq!(legacy_export_name("HttpSource", "web"), "httpsource-web");
+        assert_eq!(legacy_artifact_export_name("a1"), "artifact-a1");
+    }
+
+    #[test]
+    fn long_names_stay_valid_and_distinct() {
+        let a = "a".repeat(250);
+        let b = format!("{}b", "a".repeat(249));
+        let na = legacy_export_name("HttpSource", &a);
+        let nb = legacy_export_name("HttpSource", &b);
+        assert!(na.len() <= MAX_NAME, "{}", na.len());
+        assert!(nb.len() <= MAX_NAME);
+        assert_ne!(na, nb);
+        assert_eq!(na, legacy_export_name("HttpSource", &a), "deterministic");
+        assert!(na.chars().last().unwrap().is_ascii_alphanumeric());
+    }
+
+    #[test]
+    fn label_values_fit() {
+        let v = label_value(&"x-".repeat(40));
+        assert!(v.len() <= MAX_LABEL_VALUE);
+        assert!(!v.ends_with('-'));
+        assert_eq!(label_value("short"), "short");
+    }
+}

@@ -1,0 +1,400 @@
+//! The controllers of the elected leader: a mirror for every stock source
+//! kind the cluster serves (kinds whose CRDs appear later are picked up), the
+//! export controller with a watch of each export target served, the
+//! consumers' watches and re-pointing ([`crate::consumers::controller`]), and the wakes
+//! the router decided on. One task owns it all: nothing is shared or locked.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
+use futures::StreamExt;
+use kube::api::Api;
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::router::{Event, Wake};
+use super::watch::{keep_all, without_managed_fields, Hub, Scope, Watch};
+use crate::adopt;
+use crate::api::{Artifact, StockSource, STOCK_SOURCES};
+use crate::cluster::target::Target;
+use crate::consumers::controller::{Consumers, Look, Sinks};
+use crate::consumers::repoint::ObjectKey;
+use crate::context::Context;
+use crate::export::release::{self, target_resource};
+use crate::export::{self, ExportTarget, ExportTargets};
+use crate::locks;
+use crate::mirror::{self, FluxSource, Mirror, SourceKind};
+use crate::telemetry::Readiness;
+
+/// How often the leader looks for source kinds the cluster did not serve yet.
+pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
+
+/// A running mirror: where its sources are, and how to wake it.
+struct Mirrored {
+    resource: SourceKind,
+    sources: Store<FluxSource>,
+    wake: UnboundedSender<ObjectRef<FluxSource>>,
+}
+
+/// The running export controller.
+struct Exporting {
+    wake: UnboundedSender<ObjectRef<Artifact>>,
+    /// The export targets it runs with.
+    targets: BTreeSet<Target>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type Channel<T> = (UnboundedSender<T>, UnboundedReceiver<T>);
+
+/// Everything the leader runs.
+pub struct Controllers {
+    ctx: Arc<Context>,
+    facts_seen: tokio::sync::watch::Receiver<u64>,
+    hub: Hub,
+    scope: Scope,
+    concurrency: u16,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+    mirrors: HashMap<&'static str, Mirrored>,
+    export: Option<Exporting>,
+    targets: ExportTargets,
+    reported_missing: BTreeSet<&'static str>,
+    consumers: Consumers,
+    /// Open Flux Artifact API groups being adopted.
+    adopting: BTreeSet<&'static str>,
+    looks: Channel<Look>,
+    freed: Channel<Vec<ObjectKey>>,
+    tasks: JoinSet<()>,
+}
+
+impl Controllers {
+    pub fn new(
+        ctx: Arc<Context>,
+        facts_seen: tokio::sync::watch::Receiver<u64>,
+        hub: Hub,
+        scope: Scope,
+        concurrency: u16,
+        readiness: Arc<Readiness>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            ctx,
+            facts_seen,
+            hub,
+            scope,
+            concurrency,
+            readiness,
+            shutdown,
+            mirrors: HashMap::new(),
+            export: None,
+            targets: ExportTargets::new(),
+            reported_missing: BTreeSet::new(),
+            consumers: Consumers::default(),
+            adopting: BTreeSet::new(),
+            looks: unbounded(),
+            freed: unbounded(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Runs until shutdown, then waits for every controller to stop.
+    pub async fn run(mut self) {
+        let mut wakes = self.hub.subscribe();
+        let mut discovery = tokio::time::interval(DISCOVERY_PERIOD);
+        discovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = discovery.tick() => self.discover().await,
+                changed = self.facts_seen.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    // New export targets: export every Artifact anew, and
+                    // move every consumer that should move.
+                    self.discover().await;
+                    self.wake_everything();
+                    for look in self.consumers.everyone() {
+                        let _ = self.looks.0.unbounded_send(look);
+                    }
+                }
+                Some(look) = self.looks.1.next() => self.consumers.look(&self.ctx, look).await,
+                Some(freed) = self.freed.1.next() => self.wake_owners_of(&freed),
+                batch = wakes.recv() => match batch {
+                    Ok(batch) => self.wake(&batch),
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "fell behind the watches; looking at every object again");
+                        self.wake_everything();
+                    }
+                    Err(RecvError::Closed) => break,
+                },
+                _ = self.shutdown.cancelled() => break,
+            }
+        }
+        if let Some(export) = self.export.take() {
+            let _ = export.task.await;
+        }
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Starts a mirror for each stock kind the cluster serves now, a watch
+    /// of each export target and consumer kind the survey found, and the
+    /// export controller (again when the served targets change).
+    async fn discover(&mut self) {
+        for stock in STOCK_SOURCES.iter() {
+            if self.mirrors.contains_key(stock.kind) {
+                continue;
+            }
+            let Some(resource) = mirror::discover(&self.ctx.client, stock).await else {
+                if self.reported_missing.insert(stock.kind) {
+                    tracing::info!(kind = stock.kind, "source kind not served by this cluster (CRD not installed); skipping until it appears");
+                }
+                continue;
+            };
+            tracing::info!(kind = stock.kind, version = %resource.version, "mirroring source kind");
+            self.start_mirror(stock, SourceKind::new(resource));
+        }
+        let (cluster, synced) = {
+            let facts = locks::read(&self.ctx.facts);
+            (facts.cluster.clone(), facts.synced)
+        };
+        if !synced {
+            return;
+        }
+        let mut served = Vec::new();
+        if cluster.external_artifact_served {
+            served.push(Target::ExternalArtifact);
+        }
+        if let Some(version) = cluster.oci_repository {
+            served.push(Target::Shadow(version));
+        }
+        for target in served {
+            if !self.targets.contains_key(&target) {
+                let resource = target_resource(target);
+                let watched = self.watch_exports(&resource);
+                self.targets.insert(target, watched);
+            }
+        }
+        self.adopt_open_flux();
+        let sinks = Sinks {
+            look: self.looks.0.clone(),
+            freed: self.freed.0.clone(),
+        };
+        self.consumers.start(
+            (&self.ctx, &self.scope, &self.readiness),
+            &sinks,
+            &mut self.tasks,
+            &self.shutdown,
+        );
+        let current: BTreeSet<Target> = self.targets.keys().copied().collect();
+        match &self.export {
+            Some(running) if running.targets == current => {}
+            _ => {
+                if let Some(old) = self.export.take() {
+                    old.stop.cancel();
+                    let _ = old.task.await;
+                }
+                self.start_export();
+            }
+        }
+    }
+
+    /// Starts adopting the Artifacts of each Open Flux Artifact API the
+    /// cluster serves (see [`crate::adopt::plan`]).
+    fn adopt_open_flux(&mut self) {
+        let served = adopt::served_groups(&locks::read(&self.ctx.facts));
+        for group in served {
+            if !self.adopting.insert(group) {
+                continue;
+            }
+            let name = format!("Open Flux Artifacts ({group})");
+            self.tasks.spawn(adopt::run(
+                self.ctx.clone(),
+                group,
+                self.scope.clone(),
+                self.readiness.controller_watch(&name),
+                self.shutdown.clone(),
+            ));
+        }
+    }
+
+    /// Wakes the export of the Artifacts owning these exported objects.
+    fn wake_owners_of(&self, objects: &[ObjectKey]) {
+        let Some(export) = &self.export else { return };
+        for key in objects {
+            for served in self.targets.values() {
+                if served.resource.kind != key.kind {
+                    continue;
+                }
+                let r =
+                    ObjectRef::new_with(&key.name, served.resource.clone()).within(&key.namespace);
+                let Some(object) = served.exports.get(&r) else {
+                    continue;
+                };
+                for owner in object.owner_references() {
+                    let artifact = ObjectRef::new(&owner.name).within(&key.namespace);
+                    let _ = export.wake.unbounded_send(artifact);
+                }
+            }
+        }
+    }
+
+    /// Takes source-controller's finalizer off a shadow being deleted.
+    fn release(&mut self, kind: &str, namespace: &str, name: &str) {
+        if let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) {
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.ctx.client.clone(),
+                namespace,
+                &served.resource,
+            );
+            self.tasks.spawn(release::release(api, name.to_string()));
+        }
+    }
+
+    fn start_mirror(&mut self, stock: &'static StockSource, resource: SourceKind) {
+        let writer = Writer::<FluxSource>::new(resource.clone());
+        let sources = writer.as_reader();
+        let hub = self.hub.clone();
+        let watch = Watch {
+            api: self.scope.api_with(&self.ctx.client, &resource),
+            config: self.scope.config(),
+            // Only what the mirror reads (see its doc).
+            slim: mirror::slim,
+            keep: keep_all,
+            what: format!("{} sources", stock.kind),
+            hint: "can openflux list and watch this kind? see its ClusterRole",
+        };
+        let synced = self.readiness.controller_watch(&watch.what);
+        self.tasks.spawn(watch.run(
+            writer,
+            synced,
+            move |change| hub.take(Event::Source(stock, change)),
+            self.shutdown.clone(),
+        ));
+        let (wake, triggers) = unbounded();
+        let mirror = Mirror {
+            source: stock,
+            resource: resource.clone(),
+        };
+        self.tasks.spawn(mirror.run(
+            self.ctx.clone(),
+            sources.clone(),
+            triggers,
+            self.concurrency,
+            self.shutdown.clone().cancelled_owned(),
+        ));
+        let mirrored = Mirrored {
+            resource,
+            sources,
+            wake,
+        };
+        self.mirrors.insert(stock.kind, mirrored);
+    }
+
+    /// Watches the objects openflux exported, so the export controller sees
+    /// their drift and deletion and compares without asking the API server.
+    fn watch_exports(&mut self, resource: &ApiResource) -> ExportTarget {
+        let writer = Writer::<DynamicObject>::new(resource.clone());
+        let exports = writer.as_reader();
+        let hub = self.hub.clone();
+        let watch = Watch {
+            api: self.scope.dynamic_api(&self.ctx.client, resource),
+            config: watcher::Config::default()
+                .labels(&export::managed_selector())
+                .any_semantic(),
+            slim: without_managed_fields,
+            keep: keep_all,
+            what: "exported objects".to_string(),
+            hint: "can openflux list and watch ExternalArtifacts and OCIRepositories? see its ClusterRole",
+        };
+        self.tasks.spawn(watch.run(
+            writer,
+            self.readiness.controller_watch("exported objects"),
+            move |change| hub.take(Event::Exported(change)),
+            self.shutdown.clone(),
+        ));
+        ExportTarget {
+            resource: resource.clone(),
+            exports,
+        }
+    }
+
+    fn start_export(&mut self) {
+        let (wake, triggers) = unbounded();
+        let stop = self.shutdown.child_token();
+        let task = tokio::spawn(export::run(
+            self.ctx.clone(),
+            self.targets.clone(),
+            triggers,
+            self.concurrency,
+            stop.clone().cancelled_owned(),
+        ));
+        let running = Exporting {
+            wake,
+            targets: self.targets.keys().copied().collect(),
+            stop,
+            task,
+        };
+        // What changed before this start woke nobody: look at every Artifact
+        // once. Artifacts the watch has not listed yet come with its list.
+        for artifact in self.ctx.artifacts.state() {
+            let _ = running.wake.unbounded_send(ObjectRef::from(&*artifact));
+        }
+        self.export = Some(running);
+    }
+
+    /// Hands each wake to the controller it names; a controller that does
+    /// not run (yet) looks at everything when it starts.
+    fn wake(&mut self, batch: &[Wake]) {
+        for wake in batch {
+            match wake {
+                Wake::Export(key) => {
+                    if let Some(export) = &self.export {
+                        let artifact = ObjectRef::new(&key.name).within(&key.namespace);
+                        let _ = export.wake.unbounded_send(artifact);
+                    }
+                }
+                Wake::Release {
+                    kind,
+                    namespace,
+                    name,
+                } => self.release(kind, namespace, name),
+                Wake::Mirror {
+                    source,
+                    namespace,
+                    name,
+                } => {
+                    if let Some(mirror) = self.mirrors.get(source) {
+                        let source =
+                            ObjectRef::new_with(name, mirror.resource.clone()).within(namespace);
+                        let _ = mirror.wake.unbounded_send(source);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes every controller for every object it keeps.
+    fn wake_everything(&self) {
+        if let Some(export) = &self.export {
+            for artifact in self.ctx.artifacts.state() {
+                let _ = export.wake.unbounded_send(ObjectRef::from(&*artifact));
+            }
+        }
+        for mirror in self.mirrors.values() {
+            for source in mirror.sources.state() {
+                let _ = mirror
+                    .wake
+                    .unbounded_send(ObjectRef::from_obj_with(&*source, mirror.resource.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! `openflux run`: the wiring.
+//!
+//! Every replica watches Artifacts into the owner index (which the webhook
+//! reads) and serves health and metrics; the elected leader also runs the
+//! controllers. With `--watch-label-selector` the replica belongs to a shard
+//! ([`crate::shard`]): its controllers reconcile that shard's objects under
+//! that shard's Lease, while the index still holds every Artifact. The
+//! parts:
+//!
+//! - [`router`]: what one watch event means (pure, tested as a table);
+//! - [`watch`]: the one watcher loop every watched kind runs, and the hub
+//!   that applies what the router decided;
+//! - [`leader`]: the leader's mirrors and export controller;
+//! - [`flags`]: the command line.
+
+pub mod flags;
+pub mod leader;
+pub mod router;
+pub mod watch;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::store::Writer;
+use kube::Client;
+use openflux_api::runtime::events::{Notifier, RetryPolicy};
+use openflux_api::runtime::leader::Elector;
+use openflux_api::runtime::LeaderElectionArgs;
+use openflux_api::runtime::{EventRecorder, RuntimeArgs};
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use flags::{RunArgs, LEADER_ELECTION_ID};
+
+use self::leader::Controllers;
+use self::router::Event;
+use self::watch::{without_managed_fields, Hub, Scope, Watch};
+use crate::api::Artifact;
+use crate::cluster::facts::Facts;
+use crate::cluster::gate::{self, GateMetrics};
+use crate::cluster::survey;
+use crate::context::{Context, WriteMemo};
+use crate::export::verify::Verifier;
+use crate::index::OwnerIndex;
+use crate::telemetry::{self, Metrics, Readiness};
+
+/// How often the leader checks Flux consumers for the ExternalArtifact gate.
+const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
+/// Time the controllers get to finish their reconciles once stopped (at
+/// shutdown, or when the Lease is lost) before they are aborted.
+pub const CONTROLLERS_STOP_GRACE: Duration = Duration::from_secs(4);
+/// Time the health and metrics servers get to close their connections.
+pub const SERVER_STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Everything `run` sets up that the webhook needs too.
+pub struct Shared {
+    pub client: Client,
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub facts: Arc<RwLock<Facts>>,
+    pub registry: Arc<Mutex<Registry>>,
+    pub readiness: Arc<Readiness>,
+    pub shutdown: CancellationToken,
+}
+
+/// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
+/// and serves the webhook; with `--enable-leader-election` the controllers
+/// run only while this replica holds the Lease, and a replica that loses it
+/// stops its controllers and campaigns again without exiting.
+/// `extra` starts further services (the webhook) beside the controllers; one
+/// that fails stops the process with its error instead of leaving it half up.
+pub async fn run<F, Fut>(args: RunArgs, client: Client, extra: F) -> anyhow::Result<()>
+where
+    F: FnOnce(&Shared) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let scope = args.scope()?;
+    let runtime = &args.runtime;
+    if runtime.leader_election.enable_leader_election {
+        runtime.leader_election.validate()?;
+    }
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let gate_metrics = GateMetrics::register(&mut registry);
+    let target_metrics = survey::TargetMetrics::register(&mut registry);
+    let readiness = Arc::new(Readiness::default());
+    readiness.register(&mut registry);
+    let shared = Shared {
+        client: client.clone(),
+        index: Arc::new(RwLock::new(OwnerIndex::new())),
+        facts: Arc::new(RwLock::new(Facts::default())),
+        registry: Arc::new(Mutex::new(registry)),
+        readiness,
+        shutdown: CancellationToken::new(),
+    };
+    let shutdown = shared.shutdown.clone();
+    spawn_signal_handler(shutdown.clone());
+    let extra = extra(&shared);
+    let failed = shutdown.clone();
+    let extra = tokio::spawn(async move {
+        let result = extra.await;
+        if result.is_err() {
+            failed.cancel();
+        }
+        result
+    });
+
+    let artifacts = Writer::<Artifact>::default();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        artifacts: artifacts.as_reader(),
+        index: shared.index.clone(),
+        metrics: metrics.clone(),
+        memo: WriteMemo::default(),
+        events: event_recorder(&client, runtime)?,
+        facts: shared.facts.clone(),
+        references: Default::default(),
+        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
+        shard: args.shard()?,
+    });
+    let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
+    let survey = survey::Survey {
+        client: client.clone(),
+        mode: args.export,
+        flux_namespace: args.flux_namespace.clone(),
+        facts: shared.facts.clone(),
+        changed: facts_changed,
+        metrics: target_metrics,
+    };
+    tokio::spawn(survey.run(
+        shared.readiness.serving_watch("export targets"),
+        shutdown.clone(),
+    ));
+    let hub = Hub::new(shared.index.clone(), metrics.clone());
+    let watch = Watch {
+        api: scope.api::<Artifact>(&client),
+        // Every shard's webhook answers for the Artifacts of all shards.
+        config: scope.whole(),
+        slim: without_managed_fields,
+        // The mirror reads its Artifacts from the owner index.
+        keep: |artifact| !crate::mirror::is_mirrored(artifact),
+        what: "Artifacts".to_string(),
+        hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
+    };
+    let artifact_hub = hub.clone();
+    let watch = tokio::spawn(watch.run(
+        artifacts,
+        shared.readiness.serving_watch("Artifacts"),
+        move |change| artifact_hub.take(Event::Artifact(change)),
+        shutdown.clone(),
+    ));
+    let health = tokio::spawn(telemetry::serve(
+        runtime.metrics_addr.socket_addr(),
+        runtime.health_addr.socket_addr(),
+        shared.registry.clone(),
+        shared.readiness.clone(),
+        shutdown.clone(),
+    ));
+
+    let leader_election = &runtime.leader_election;
+    let leading = Leading {
+        ctx,
+        facts_seen,
+        hub,
+        scope,
+        gate_metrics,
+        metrics: metrics.clone(),
+        concurrency: runtime.concurrent,
+        readiness: shared.readiness.clone(),
+    };
+    match leader_election.enable_leader_election {
+        true => {
+            let elector = Elector::new(
+                client.clone(),
+                runtime.watch.runtime_namespace()?,
+                &args.lease_name(),
+                leader_election,
+            );
+            campaign(&elector, &leading, &shutdown, leader_election).await;
+        }
+        false => {
+            let controllers = leading.start(shutdown.clone());
+            shutdown.cancelled().await;
+            stop_controllers(controllers).await;
+        }
+    }
+    let _ = watch.await;
+    match tokio::time::timeout(SERVER_STOP_GRACE, health).await {
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "health endpoints failed"),
+        Err(_) => tracing::warn!("health endpoints did not stop in time"),
+        Ok(_) => {}
+    }
+    match extra.await {
+        Ok(Err(e)) => return Err(e),
+        Err(e) => tracing::error!(error = %e, "service ended abnormally"),
+        Ok(Ok(())) => {}
+    }
+    tracing::info!("openflux stopped");
+    Ok(())
+}
+
+/// What the leader runs, started anew each time this replica wins the Lease.
+struct Leading {
+    ctx: Arc<Context>,
+    /// Changes of the export targets (the survey runs on every replica).
+    facts_seen: tokio::sync::watch::Receiver<u64>,
+    hub: Hub,
+    scope: Scope,
+    gate_metrics: GateMetrics,
+    metrics: Metrics,
+    concurrency: u16,
+    readiness: Arc<Readiness>,
+}
+
+impl Leading {
+    /// Starts the controllers and the gate check until `term` is cancelled.
+    fn start(&self, term: CancellationToken) -> JoinHandle<()> {
+        self.metrics.leader.set(1);
+        tokio::spawn(gate::run(
+            self.ctx.client.clone(),
+            self.scope.namespace.clone(),
+            self.gate_metrics.clone(),
+            GATE_CHECK_PERIOD,
+            term.clone(),
+        ));
+        let controllers = Controllers::new(
+            self.ctx.clone(),
+            self.facts_seen.clone(),
+            self.hub.clone(),
+            self.scope.clone(),
+            self.concurrency,
+            self.readiness.clone(),
+            term,
+        );
+        tokio::spawn(controllers.run())
+    }
+}
+
+/// Waits (bounded) for stopped controllers to finish what they were doing.
+async fn stop_controllers(mut controllers: JoinHandle<()>) {
+    match tokio::time::timeout(CONTROLLERS_STOP_GRACE, &mut controllers).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "controllers ended abnormally"),
+        Err(_) => {
+            tracing::warn!(grace = ?CONTROLLERS_STOP_GRACE, "controllers did not stop in time; aborting them");
+            controllers.abort();
+        }
+    }
+}
+
+/// Takes part in the leader election until shutdown: runs the controllers
+/// while leading; when the Lease is lost, stops them (the watches feeding
+/// the webhook and the webhook itself keep running) and campaigns again.
+/// At shutdown, gives the Lease up once the controllers stopped.
+async fn campaign(
+    elector: &Elector,
+    leading: &Leading,
+    shutdown: &CancellationToken,
+    args: &LeaderElectionArgs,
+) {
+    tracing::info!(
+        identity = elector.identity(),
+        "attempting to acquire the leader lease"
+    );
+    loop {
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let term = shutdown.child_token();
+        let controllers = leading.start(term.clone());
+        let lost = tokio::select! {
+            lost = elector.keep() => Some(lost),
+            () = shutdown.cancelled() => None,
+        };
+        term.cancel();
+        leading.metrics.leader.set(0);
+        if let Some(lost) = &lost {
+            tracing::error!(error = %lost, "stopping the controllers; the webhook keeps serving");
+        }
+        stop_controllers(controllers).await;
+        if lost.is_none() {
+            if args.leader_election_release_on_cancel {
+                elector.release().await;
+            }
+            return;
+        }
+        tracing::info!(
+            identity = elector.identity(),
+            "rejoining the leader election"
+        );
+    }
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received; stopping");
+        shutdown.cancel();
+    });
+}
+
+/// Kubernetes Events as `openflux`, and with `--events-addr` the same posted
+/// to notification-controller.
+fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<EventRecorder> {
+    let notifier = match runtime.events_url() {
+        Some(url) => {
+            // The events receiver is plain HTTP in Flux's installs; HTTPS
+            // needs a TLS provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = reqwest::Client::builder()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot build the events client: {e}"))?;
+            Some(Notifier::spawn(url, http, RetryPolicy::default()))
+        }
+        None => None,
+    };
+    let reporter = Reporter {
+        controller: "openflux".into(),
+        instance: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok(),
+    };
+    Ok(EventRecorder::new(client.clone(), reporter, notifier))
+}

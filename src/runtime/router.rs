@@ -1,0 +1,218 @@
+//! The event router: what one watch event means for the owner index, and
+//! which reconcilers it wakes.
+//!
+//! [`route`] is a plain function from data to data: an event of one of the
+//! watches (Artifacts, a stock source kind, the objects openflux exported)
+//! and the owner index before the event go in; the [`IndexChange`] to make
+//! and the set of [`Wake`]s come out. The watch loop applies both. The
+//! rules:
+//!
+//! - An Artifact owned by a stock source wakes the mirror of that source (it
+//!   keeps that Artifact), whether the Artifact changed or went away.
+//! - Any other Artifact wakes the export controller for itself, unless it
+//!   went away (its exported object is owned by it and collected with it),
+//!   and for its siblings, the other Artifacts of the same owner: how many
+//!   there are decides their export names.
+//! - A stock source wakes its mirror when it changes, except the objects
+//!   openflux exported itself (mirroring them would loop); a source that
+//!   went away takes its Artifact along by garbage collection.
+//! - An exported object that changes or goes away wakes the export
+//!   controller for the Artifact that owns it, which puts it right.
+//! - A watch that listed everything again (a start or restart) counts as
+//!   every listed object changing; for Artifacts it also replaces the whole
+//!   index.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kube::core::DynamicObject;
+use kube::ResourceExt;
+
+use crate::api::{Artifact, StockSource, API_VERSION, KIND};
+use crate::export::shadow::SHADOW_LABEL;
+use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
+use crate::mirror::plan::is_own_export;
+use crate::mirror::source::FluxSource;
+
+/// What a watch saw.
+#[derive(Debug)]
+pub enum Change<'a, K> {
+    /// The object was created or changed.
+    Applied(&'a K),
+    /// The object went away.
+    Deleted(&'a K),
+    /// The watch listed every object again: these are all there are.
+    Relisted(&'a [Arc<K>]),
+}
+
+/// One event of one watch.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The watch of Artifacts (on every replica).
+    Artifact(Change<'a, Artifact>),
+    /// The watch of one stock source kind (on the leader).
+    Source(&'static StockSource, Change<'a, FluxSource>),
+    /// The watch of the objects openflux exported (on the leader).
+    Exported(Change<'a, DynamicObject>),
+}
+
+/// A reconciler to run for one object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Wake {
+    /// The export controller, for this Artifact.
+    Export(ArtifactKey),
+    /// A shadow being deleted still carries source-controller's finalizer:
+    /// take it off (source-controller stores nothing for a shadow, and may
+    /// not run).
+    Release {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
+    /// The mirror of a stock source kind, for this source.
+    Mirror {
+        source: &'static str,
+        namespace: String,
+        name: String,
+    },
+}
+
+/// What an event implies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// The change to make to the owner index, if any.
+    pub index: Option<IndexChange>,
+    /// The reconcilers to wake.
+    pub wake: BTreeSet<Wake>,
+}
+
+/// Routes one event. `index` is the owner index as it was before the event.
+pub fn route(event: &Event<'_>, index: &OwnerIndex) -> Routed {
+    match event {
+        Event::Artifact(change) => route_artifact(change, index),
+        Event::Source(stock, change) => Routed {
+            index: None,
+            wake: match change {
+                Change::Applied(source) => mirror_wake(stock, source).into_iter().collect(),
+                Change::Deleted(_) => BTreeSet::new(),
+                Change::Relisted(all) => all.iter().filter_map(|s| mirror_wake(stock, s)).collect(),
+            },
+        },
+        Event::Exported(change) => Routed {
+            index: None,
+            wake: match change {
+                Change::Applied(object) => owners(object).chain(release(object)).collect(),
+                Change::Deleted(object) => owners(object).collect(),
+                Change::Relisted(all) => all.iter().flat_map(|o| owners(o)).collect(),
+            },
+        },
+    }
+}
+
+fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
+    match change {
+        Change::Applied(artifact) => match IndexedArtifact::from_artifact(artifact) {
+            Some(entry) => Routed {
+                wake: artifact_wakes(&entry, false, index),
+                index: Some(IndexChange::Apply(entry)),
+            },
+            None => Routed::default(),
+        },
+        Change::Deleted(artifact) => match IndexedArtifact::from_artifact(artifact) {
+            Some(entry) => Routed {
+                wake: artifact_wakes(&entry, true, index),
+                index: Some(IndexChange::Delete(entry.key)),
+            },
+            None => Routed::default(),
+        },
+        Change::Relisted(all) => {
+            let entries: Vec<IndexedArtifact> = all
+                .iter()
+                .filter_map(|a| IndexedArtifact::from_artifact(a))
+                .collect();
+            // Siblings are listed too, so each wakes for itself: the index
+            // before the relist has nothing to add.
+            let empty = OwnerIndex::new();
+            let wake = entries
+                .iter()
+                .flat_map(|entry| artifact_wakes(entry, false, &empty))
+                .collect();
+            Routed {
+                index: Some(IndexChange::Reset(entries)),
+                wake,
+            }
+        }
+    }
+}
+
+/// Whom a change of the Artifact `entry` concerns. Its siblings are the same
+/// in the index before and after the change, which touches `entry` alone.
+fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) -> BTreeSet<Wake> {
+    let mut wake = BTreeSet::new();
+    if let Some(owner) = &entry.owner {
+        if let Some(stock) = StockSource::find(&owner.source.group, &owner.source.kind) {
+            wake.insert(Wake::Mirror {
+                source: stock.kind,
+                namespace: owner.source.namespace.to_string(),
+                name: owner.source.name.to_string(),
+            });
+            return wake;
+        }
+    }
+    if !deleted {
+        wake.insert(Wake::Export(entry.key.clone()));
+    }
+    if let Some(owner) = &entry.owner {
+        let siblings = index.artifacts_of_owner_uid(&owner.uid);
+        wake.extend(
+            siblings
+                .into_iter()
+                .filter(|s| s.key != entry.key)
+                .map(|s| Wake::Export(s.key.clone())),
+        );
+    }
+    wake
+}
+
+fn mirror_wake(stock: &'static StockSource, source: &FluxSource) -> Option<Wake> {
+    (!is_own_export(stock, source)).then(|| Wake::Mirror {
+        source: stock.kind,
+        namespace: source.namespace().unwrap_or_default(),
+        name: source.name_any(),
+    })
+}
+
+/// The Artifacts that own an exported object.
+fn release(object: &DynamicObject) -> Option<Wake> {
+    let shadow = object.labels().contains_key(SHADOW_LABEL);
+    let finalized = object
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| !f.is_empty());
+    let deleting = object.metadata.deletion_timestamp.is_some();
+    (shadow && finalized && deleting).then(|| Wake::Release {
+        kind: object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default(),
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+    })
+}
+
+fn owners(object: &DynamicObject) -> impl Iterator<Item = Wake> + '_ {
+    let namespace = object.namespace().unwrap_or_default();
+    object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == KIND && o.api_version == API_VERSION)
+        .map(move |o| Wake::Export(ArtifactKey::new(&namespace, &o.name)))
+}
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;

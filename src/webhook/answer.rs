@@ -1,0 +1,91 @@
+//! The decision path from a request body to its answer: parse, decide,
+//! encode. Pure: no I/O, never panics; the HTTPS handler
+//! ([`super::server`]) calls it with the body it read, and the chaos suite
+//! calls it with a million generated ones.
+
+use axum::http::StatusCode;
+
+use super::decision::{Decision, Options};
+use super::review::{self, AdmissionRequest, ReviewError};
+use super::rewrite::{decide, writer, View};
+use crate::consumers::table;
+
+/// What the webhook answers a body with, and what to count and log.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    /// The AdmissionReview answering the request, as JSON, or for a body
+    /// no AdmissionReview can answer (status 400), the reason as text.
+    pub review: Result<Vec<u8>, String>,
+    pub consumer: &'static str,
+    pub outcome: &'static str,
+    /// Whom the request was about: uid, namespace, name.
+    pub subject: [String; 3],
+    pub decision: Option<Decision>,
+}
+
+/// The decision path, from a body to its answer: pure, no I/O, never
+/// panics. The HTTPS handler calls it with the body it read.
+pub fn answer(body: &[u8], view: View<'_>, options: &Options) -> Answer {
+    answer_parsed(review::parse(body), view, options)
+}
+
+/// [`answer`] for a body already parsed (the server parses before it takes
+/// the read locks, so a large body never holds the lock).
+pub fn answer_parsed(
+    parsed: Result<AdmissionRequest, ReviewError>,
+    view: View<'_>,
+    options: &Options,
+) -> Answer {
+    let request = match parsed {
+        Ok(request) => request,
+        Err(ReviewError::Unanswerable(message)) => {
+            return Answer {
+                status: StatusCode::BAD_REQUEST,
+                review: Err(message),
+                consumer: "unknown",
+                outcome: "error",
+                subject: Default::default(),
+                decision: None,
+            };
+        }
+        Err(ReviewError::Invalid { uid, message }) => {
+            return Answer {
+                status: StatusCode::OK,
+                review: Ok(review::refusal(&uid, 400, &message)),
+                consumer: "unknown",
+                outcome: "error",
+                subject: [uid, String::new(), String::new()],
+                decision: Some(Decision::bad_request(message)),
+            };
+        }
+    };
+    let (group, resource) = (&request.resource.group, &request.resource.resource);
+    let consumer = table::find(group, resource)
+        .map(|c| c.label())
+        .or_else(|| writer::is_artifact_resource(group, resource).then_some("artifacts"))
+        .unwrap_or("unknown");
+    let mut decision = decide(&request, view, options);
+    let review = review::response(&request.uid, &decision).unwrap_or_else(|error| {
+        decision = Decision::internal(error.to_string());
+        review::refusal(&request.uid, 500, &error.to_string())
+    });
+    // The request is done with: its strings move into the subject.
+    let name = request
+        .object
+        .as_ref()
+        .and_then(|o| o.pointer("/metadata/name"))
+        .and_then(|n| n.as_str())
+        .map(str::to_string)
+        .or(request.name)
+        .unwrap_or_default();
+    let subject = [request.uid, request.namespace.unwrap_or_default(), name];
+    Answer {
+        status: StatusCode::OK,
+        review: Ok(review),
+        consumer,
+        outcome: decision.outcome(),
+        subject,
+        decision: Some(decision),
+    }
+}

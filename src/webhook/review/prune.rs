@@ -1,0 +1,226 @@
+//! Reading an admission request's objects without building the whole JSON
+//! tree: only what the decision reads is kept (the identity and the
+//! openflux annotations under `metadata`, and each consumer's reference
+//! fields, whole); everything else is skipped as it is parsed. A 3 MiB
+//! HelmRelease whose values the decision never looks at costs no tree.
+//!
+//! What is kept answers every question the decision asks exactly as the
+//! full object would: a kept field is the same value; an object on the way
+//! to a kept field keeps only the fields on the way; any other value on the
+//! way keeps its type's answers (`null` stays null, a scalar stays itself,
+//! a list becomes an empty list, so `get`, `is_object` and `is_null` say
+//! the same).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::OnceLock;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use crate::api::SOURCE_REF_ANNOTATION;
+use crate::consumers::table::CONSUMERS;
+use crate::export::trust::WRITER_ANNOTATION;
+
+/// Which parts of a value to keep.
+#[derive(Debug, Default)]
+pub struct Keep {
+    /// Keep the value as it is.
+    whole: bool,
+    /// Otherwise keep these fields of an object.
+    fields: BTreeMap<&'static str, Keep>,
+}
+
+impl Keep {
+    fn path(&mut self, path: &[&'static str]) {
+        match path.split_first() {
+            None => self.whole = true,
+            Some((first, rest)) => self.fields.entry(first).or_default().path(rest),
+        }
+    }
+}
+
+/// What the decision reads of an object: derived from the consumer table,
+/// so a consumer added there is read whole where its references are.
+pub fn object_keep() -> &'static Keep {
+    static KEEP: OnceLock<Keep> = OnceLock::new();
+    KEEP.get_or_init(|| {
+        let mut keep = Keep::default();
+        for field in ["name", "namespace", "generateName", "deletionTimestamp"] {
+            keep.path(&["metadata", field]);
+        }
+        keep.path(&["metadata", "annotations", SOURCE_REF_ANNOTATION]);
+        // An Artifact's recorded writer (the webhook overwrites it).
+        keep.path(&["metadata", "annotations", WRITER_ANNOTATION]);
+        for consumer in &CONSUMERS {
+            keep.path(consumer.refs.path);
+            if let Some(forbidden) = &consumer.forbidden {
+                keep.path(forbidden.field.path);
+            }
+        }
+        keep
+    })
+}
+
+/// Deserializes a value keeping what `Keep` says.
+pub struct Pruned<'k>(pub &'k Keep);
+
+impl<'de> DeserializeSeed<'de> for Pruned<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        if self.0.whole {
+            return serde::Deserialize::deserialize(deserializer);
+        }
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Pruned<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Value::Array(Vec::new()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut kept = Map::new();
+        while let Some(key) = map.next_key_seed(KeySeed(self.0))? {
+            match key {
+                Some((name, keep)) => {
+                    kept.insert(name.to_string(), map.next_value_seed(Pruned(keep))?);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Value::Object(kept))
+    }
+}
+
+/// Reads an object key and looks it up among the fields to keep, without
+/// copying it: a key the decision does not read costs no allocation.
+struct KeySeed<'k>(&'k Keep);
+
+impl<'de, 'k> DeserializeSeed<'de> for KeySeed<'k> {
+    type Value = Option<(&'static str, &'k Keep)>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'k> Visitor<'_> for KeySeed<'k> {
+    type Value = Option<(&'static str, &'k Keep)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self
+            .0
+            .fields
+            .get_key_value(v)
+            .map(|(name, keep)| (*name, keep)))
+    }
+}
+
+/// `serde(deserialize_with)` for an optional object read through
+/// [`object_keep`].
+pub fn pruned_object<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Value>, D::Error> {
+    struct Optional;
+    impl<'de> Visitor<'de> for Optional {
+        type Value = Option<Value>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object or null")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            Pruned(object_keep()).deserialize(d).map(Some)
+        }
+    }
+    deserializer.deserialize_option(Optional)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn prune(value: &Value) -> Value {
+        Pruned(object_keep()).deserialize(value.clone()).unwrap()
+    }
+
+    #[test]
+    fn keeps_what_the_decision_reads_and_nothing_else() {
+        let object = json!({
+            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+            "metadata": {"name": "a", "namespace": "b", "labels": {"x": "y"},
+                         "annotations": {"openflux.dev/source-ref": "{}", "big": "zzzz"}},
+            "spec": {"values": {"huge": [1, 2, 3]}, "chartRef": {"kind": "X", "name": "y", "extra": [1]},
+                     "chart": {"spec": {"chart": "c", "sourceRef": {"kind": "HelmRepository", "name": "r"}}}},
+            "status": {"anything": true}
+        });
+        assert_eq!(
+            prune(&object),
+            json!({
+                "metadata": {"name": "a", "namespace": "b",
+                             "annotations": {"openflux.dev/source-ref": "{}"}},
+                "spec": {"chartRef": {"kind": "X", "name": "y", "extra": [1]},
+                         "chart": {"spec": {"sourceRef": {"kind": "HelmRepository", "name": "r"}}}}
+            })
+        );
+    }
+
+    #[test]
+    fn other_values_on_the_way_keep_their_answers() {
+        for (spec, kept) in [
+            (json!(null), json!(null)),
+            (json!("text"), json!("text")),
+            (json!(7), json!(7)),
+            (json!([{"sourceRef": 1}]), json!([])),
+        ] {
+            assert_eq!(prune(&json!({"spec": spec})), json!({"spec": kept}));
+        }
+        assert_eq!(prune(&json!([1, 2])), json!([]));
+    }
+}

@@ -1,0 +1,174 @@
+//! Where a custom reference points: the object openflux exports for the
+//! source (or for one Artifact), or the stock source an Artifact was
+//! mirrored from. Decided from the owner index alone.
+
+use super::refs::{Located, SourceRef};
+use crate::api;
+use crate::cluster::facts::Facts;
+use crate::consumers::table::{Consumer, RefField};
+use crate::index::{LookupError, OwnerIndex};
+use crate::names::identity;
+use crate::webhook::decision::Decision;
+
+/// Where a resolved reference points.
+pub(super) struct Target {
+    pub(super) api_version: String,
+    pub(super) kind: String,
+    pub(super) name: String,
+    pub(super) warning: Option<String>,
+}
+
+/// What resolving a reference reads: the owner index, the export targets,
+/// and the object being decided on, for messages.
+pub(super) struct Resolver<'a> {
+    pub(super) index: &'a OwnerIndex,
+    pub(super) facts: &'a Facts,
+    pub(super) consumer: &'static Consumer,
+    /// `Kind ns/name` of the object.
+    pub(super) display: &'a str,
+}
+
+impl Resolver<'_> {
+    /// The exported object named `name`, of the kind this consumer gets.
+    fn export(&self, name: String, warning: Option<String>) -> Result<Target, Decision> {
+        let choice = self
+            .facts
+            .target(self.consumer)
+            .map_err(|no| Decision::Deny {
+                message: format!(
+                    "openflux: {} cannot be pointed at a custom source: {no}",
+                    self.display
+                ),
+            })?;
+        Ok(Target {
+            api_version: choice.target.api_version().to_string(),
+            kind: choice.target.kind().to_string(),
+            name,
+            warning,
+        })
+    }
+
+    /// The API group of a custom kind referenced without `apiVersion`, from
+    /// the kinds the cluster serves.
+    fn group_of(
+        &self,
+        found: &Located<'_>,
+        r: &SourceRef,
+        namespace: &str,
+    ) -> Result<String, Decision> {
+        let groups: Vec<&String> = self
+            .facts
+            .groups_of(&r.kind)
+            .into_iter()
+            .flatten()
+            .filter(|g| g.as_str() != api::FLUX_SOURCE_GROUP)
+            .collect();
+        match groups.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to kind {} in {}, which no API of this cluster serves; install \
+                     the CRD of that source kind first (if you just did, apply again in a few seconds), \
+                     or correct the kind",
+                    self.display, r.kind, found.label
+                ),
+            }),
+            many => Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to {} {namespace}/{} in {} without apiVersion, and several APIs \
+                     serve that kind: {}; set apiVersion in {} to pick one",
+                    self.display,
+                    r.kind,
+                    r.name,
+                    found.label,
+                    many.iter().map(|g| format!("{}.{g}", r.kind)).collect::<Vec<_>>().join(", "),
+                    found.label
+                ),
+            }),
+        }
+    }
+
+    /// Where a reference to a (custom) source points.
+    pub(super) fn source_target(
+        &self,
+        found: &Located<'_>,
+        r: &SourceRef,
+        namespace: &str,
+    ) -> Result<Target, Decision> {
+        match self.index.find_source(r.group(), &r.kind, namespace, &r.name) {
+            Err(LookupError::Ambiguous { candidates, .. }) => Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to {} {namespace}/{} in {} without apiVersion, and several APIs \
+                     have such a source: {}; set apiVersion in {} to pick one",
+                    self.display,
+                    r.kind,
+                    r.name,
+                    found.label,
+                    candidates.join(", "),
+                    found.label
+                ),
+            }),
+            Ok(None) => {
+                let group = match r.group() {
+                    Some(g) => g.to_string(),
+                    None => self.group_of(found, r, namespace)?,
+                };
+                let name = identity::source_export_name(&group, &r.kind, &r.name);
+                let warning = format!(
+                    "{} {namespace}/{} has no Artifact yet; Flux will wait until openflux exports it as {namespace}/{name}",
+                    r.kind, r.name
+                );
+                self.export(name, Some(warning))
+            }
+            Ok(Some(source)) => {
+                let name = identity::source_export_name(&source.group, &source.kind, &source.name);
+                self.export(name, None)
+            }
+        }
+    }
+
+    /// Where a reference to one Artifact points: its export, or the stock
+    /// source it was mirrored from.
+    pub(super) fn artifact_target(
+        &self,
+        field: &RefField,
+        found: &Located<'_>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Target, Decision> {
+        let Some(artifact) = self.index.artifact(namespace, name) else {
+            let export = identity::artifact_export_name(name);
+            let warning = format!(
+                "{} {namespace}/{name} does not exist yet; Flux will wait until openflux exports it as \
+                 {namespace}/{export}",
+                api::KIND
+            );
+            return self.export(export, Some(warning));
+        };
+        match &artifact.owner {
+            Some(owner) if api::is_stock_source(&owner.source.group, &owner.source.kind) => {
+                let kind = &owner.source.kind;
+                if !field.accepts(kind) {
+                    return Err(Decision::Deny {
+                        message: format!(
+                            "openflux: {} {namespace}/{name} comes from {kind} {namespace}/{}, which a {} cannot \
+                             take in {} (it takes {})",
+                            api::KIND,
+                            owner.source.name,
+                            self.consumer.kind,
+                            found.label,
+                            field.stock_kind_list()
+                        ),
+                    });
+                }
+                Ok(Target {
+                    api_version: owner.api_version.to_string(),
+                    kind: kind.to_string(),
+                    name: owner.source.name.to_string(),
+                    warning: None,
+                })
+            }
+            _ => self.export(self.index.export_name(artifact), None),
+        }
+    }
+}

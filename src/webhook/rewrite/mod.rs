@@ -1,0 +1,369 @@
+//! The webhook's decision: what to do with one admission request.
+//!
+//! [`decide`] is a pure function of the request, the owner index and the
+//! options. A reference to a stock Flux source is never changed. A reference
+//! to any other kind is resolved through the owner index and replaced by a
+//! reference to the object openflux exports for it; the reference as the
+//! person wrote it is kept in the
+//! [`SOURCE_REF_ANNOTATION`](crate::api::SOURCE_REF_ANNOTATION) annotation:
+//!
+//! - for a consumer with one reference (Kustomization `spec.sourceRef`,
+//!   HelmRelease `spec.chartRef`), the annotation holds that reference as
+//!   compact JSON with the fields in a fixed order: `apiVersion` (when set),
+//!   `kind`, `name`, `namespace` (when set);
+//! - for a consumer with a list of references (ArtifactGenerator
+//!   `spec.sources`), the annotation holds a JSON object from each rewritten
+//!   entry's key (its `alias`) to its reference, keys sorted.
+//!
+//! The rewrite is idempotent: the rewritten object points at a stock kind and
+//! is left alone, and the original manifest applied again (by `kubectl apply`,
+//! server-side apply or Flux itself) is rewritten to exactly what is stored, so
+//! the API server sees no change.
+
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{Patch, PatchOperation, ReplaceOperation};
+use serde_json::Value;
+
+use super::decision::{Decision, Options};
+use super::review::{AdmissionRequest, Operation};
+use crate::api::{self, FLUX_SOURCE_GROUP};
+use crate::cluster::facts::Facts;
+use crate::consumers::table::{self, is_stock_ref, Consumer, RefField, RefShape};
+use crate::index::OwnerIndex;
+use crate::names::identity;
+
+mod destination;
+pub mod refs;
+pub mod writer;
+
+use destination::Resolver;
+pub use refs::SourceRef;
+use refs::{annotation_of, annotation_op, compact, locate, Located};
+
+/// What a decision reads besides the request: the owner index and the
+/// export targets, both kept up to date by the watches.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub index: &'a OwnerIndex,
+    pub facts: &'a Facts,
+}
+
+/// Decides one admission request. Never panics and makes no I/O.
+pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
+    if let Some(decision) = writer::stamp(request) {
+        return decision;
+    }
+    match Decider::new(request, view, options) {
+        Ok(Some(decider)) => decider.run().unwrap_or_else(|stop| stop),
+        Ok(None) => Decision::Unchanged,
+        Err(stop) => stop,
+    }
+}
+
+/// A reference that gets rewritten.
+struct Rewritten {
+    pointer: PointerBuf,
+    key: Option<String>,
+    value: Value,
+    original: SourceRef,
+    warning: Option<String>,
+}
+
+struct Decider<'a> {
+    request: &'a AdmissionRequest,
+    view: View<'a>,
+    options: &'a Options,
+    consumer: &'static Consumer,
+    object: &'a Value,
+    namespace: String,
+    /// `Kind ns/name` of the object, for messages.
+    display: String,
+}
+
+impl<'a> Decider<'a> {
+    /// `Ok(None)`: nothing to decide (not a create or update, a subresource,
+    /// an object being deleted).
+    fn new(
+        request: &'a AdmissionRequest,
+        view: View<'a>,
+        options: &'a Options,
+    ) -> Result<Option<Self>, Decision> {
+        if !matches!(request.operation, Operation::Create | Operation::Update) {
+            return Ok(None);
+        }
+        if request
+            .sub_resource
+            .as_deref()
+            .is_some_and(|s| !s.is_empty())
+        {
+            return Ok(None);
+        }
+        let gvr = &request.resource;
+        let consumer = table::find(&gvr.group, &gvr.resource).ok_or_else(|| {
+            Decision::bad_request(format!(
+                "openflux does not handle resource {}.{}; check the rules of its webhook configuration",
+                gvr.resource, gvr.group
+            ))
+        })?;
+        let object = request
+            .object
+            .as_ref()
+            .filter(|o| o.is_object())
+            .ok_or_else(|| Decision::bad_request("the admission request carries no object"))?;
+        let metadata = object.get("metadata");
+        if metadata
+            .and_then(|m| m.get("deletionTimestamp"))
+            .is_some_and(|t| !t.is_null())
+        {
+            return Ok(None);
+        }
+        let meta_text = |field: &str| {
+            metadata
+                .and_then(|m| m.get(field))
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        let namespace = request
+            .namespace
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .or_else(|| meta_text("namespace"))
+            .ok_or_else(|| {
+                Decision::bad_request(format!("the {} has no namespace", consumer.kind))
+            })?
+            .to_string();
+        let name = meta_text("name")
+            .or(request.name.as_deref().filter(|s| !s.is_empty()))
+            .or_else(|| meta_text("generateName"))
+            .unwrap_or("");
+        let display = format!("{} {namespace}/{name}", consumer.kind);
+        if !object.get("spec").is_some_and(Value::is_object) {
+            return Err(Decision::bad_request(format!("{display} has no spec")));
+        }
+        Ok(Some(Self {
+            request,
+            view,
+            options,
+            consumer,
+            object,
+            namespace,
+            display,
+        }))
+    }
+
+    fn run(&self) -> Result<Decision, Decision> {
+        if let Some(forbidden) = &self.consumer.forbidden {
+            for found in locate(self.object, &forbidden.field, &self.display)? {
+                let r = self.parse_ref(&found)?;
+                if !forbidden.field.is_stock(r.api_version.as_deref(), &r.kind) {
+                    return Err(Decision::Deny {
+                        message: format!(
+                            "openflux: {} cannot take {} {} in {}: {}.",
+                            self.display, r.kind, r.name, found.label, forbidden.hint
+                        ),
+                    });
+                }
+            }
+        }
+        let field = &self.consumer.refs;
+        let mut rewritten = Vec::new();
+        for found in locate(self.object, field, &self.display)? {
+            if let Some(r) = self.resolve(field, &found)? {
+                rewritten.push(r);
+            }
+        }
+        if rewritten.is_empty() {
+            return Ok(Decision::Unchanged);
+        }
+        let mut ops = Vec::new();
+        for r in &rewritten {
+            if self.object.pointer(r.pointer.as_str()) != Some(&r.value) {
+                ops.push(PatchOperation::Replace(ReplaceOperation {
+                    path: r.pointer.clone(),
+                    value: r.value.clone(),
+                }));
+            }
+        }
+        let annotation = self.annotation(field, &rewritten)?;
+        if let Some(op) = annotation_op(self.object, &annotation) {
+            ops.push(op);
+        }
+        let warnings: Vec<String> = rewritten.into_iter().filter_map(|r| r.warning).collect();
+        if ops.is_empty() {
+            return Ok(Decision::Unchanged);
+        }
+        Ok(Decision::Rewrite {
+            patch: Patch(ops),
+            warnings,
+        })
+    }
+
+    fn resolver(&self) -> Resolver<'_> {
+        Resolver {
+            index: self.view.index,
+            facts: self.view.facts,
+            consumer: self.consumer,
+            display: &self.display,
+        }
+    }
+
+    fn parse_ref(&self, found: &Located<'_>) -> Result<SourceRef, Decision> {
+        SourceRef::from_value(found.value)
+            .map_err(|e| Decision::bad_request(format!("{}: {}.{e}", self.display, found.label)))
+    }
+
+    /// The rewrite of one reference, or `None` when it stays as it is.
+    fn resolve(
+        &self,
+        field: &RefField,
+        found: &Located<'_>,
+    ) -> Result<Option<Rewritten>, Decision> {
+        let mut r = self.parse_ref(found)?;
+        if !field.has_api_version {
+            // The API server drops it; the kind alone counts.
+            r.api_version = None;
+        }
+        if field.is_stock(r.api_version.as_deref(), &r.kind) {
+            return Ok(None);
+        }
+        if r.group() == Some(FLUX_SOURCE_GROUP) {
+            if self.is_merge_leftover(field, found, &r) {
+                r.api_version = None;
+            } else {
+                return Err(Decision::Deny {
+                    message: format!(
+                        "openflux: {} refers to kind {} of {FLUX_SOURCE_GROUP} in {}, which Flux does not have; \
+                         set apiVersion to the API of the custom source, or leave apiVersion out",
+                        self.display, r.kind, found.label
+                    ),
+                });
+            }
+        }
+        let source_ns = r.namespace.as_deref().unwrap_or(&self.namespace);
+        if self.options.no_cross_namespace_refs && source_ns != self.namespace {
+            return Err(Decision::Deny {
+                message: format!(
+                    "openflux: {} refers to {} {source_ns}/{} in {}, in another namespace, and cross-namespace \
+                     references are disabled (--no-cross-namespace-refs); use a source in namespace {} or remove \
+                     {}.namespace",
+                    self.display, r.kind, r.name, found.label, self.namespace, found.label
+                ),
+            });
+        }
+        if !self.view.index.is_synced() || !self.view.facts.synced {
+            return Err(Decision::Error {
+                code: 503,
+                message: format!(
+                    "openflux has not finished loading its Artifacts and export targets and cannot resolve {} {source_ns}/{} yet; \
+                     retry in a few seconds",
+                    r.kind, r.name
+                ),
+            });
+        }
+        let direct = r.kind == api::KIND && matches!(r.group(), None | Some(api::GROUP));
+        let target = if direct {
+            self.resolver()
+                .artifact_target(field, found, source_ns, &r.name)?
+        } else {
+            self.resolver().source_target(found, &r, source_ns)?
+        };
+        let mut value = found.value.clone();
+        if let Some(fields) = value.as_object_mut() {
+            if field.has_api_version {
+                fields.insert("apiVersion".into(), Value::String(target.api_version));
+            } else {
+                fields.remove("apiVersion");
+            }
+            fields.insert("kind".into(), Value::String(target.kind));
+            fields.insert("name".into(), Value::String(target.name));
+        }
+        Ok(Some(Rewritten {
+            pointer: found.pointer.clone(),
+            key: found.key.clone(),
+            value,
+            original: r,
+            warning: target.warning,
+        }))
+    }
+
+    /// Whether `r` (a Flux source apiVersion with a custom kind) is what a
+    /// JSON merge patch of the original reference over the stored, rewritten
+    /// one leaves behind: `kubectl apply` of a manifest whose reference has no
+    /// apiVersion keeps the apiVersion openflux wrote. Only on an update of an
+    /// object openflux rewrote before, whose stored reference has that same
+    /// apiVersion.
+    fn is_merge_leftover(&self, field: &RefField, found: &Located<'_>, r: &SourceRef) -> bool {
+        if self.request.operation != Operation::Update {
+            return false;
+        }
+        let Some(old) = self.request.old_object.as_ref() else {
+            return false;
+        };
+        if annotation_of(old).is_none() {
+            return false;
+        }
+        let Ok(old_refs) = locate(old, field, &self.display) else {
+            return false;
+        };
+        old_refs
+            .iter()
+            .filter(|o| o.key == found.key)
+            .filter_map(|o| SourceRef::from_value(o.value).ok())
+            .any(|o| o.api_version == r.api_version)
+    }
+
+    /// The annotation value recording the original references of
+    /// `rewritten` (never empty).
+    fn annotation(&self, field: &RefField, rewritten: &[Rewritten]) -> Result<String, Decision> {
+        match field.shape {
+            RefShape::One => match rewritten {
+                [one] => compact(&one.original),
+                _ => Err(Decision::internal(format!(
+                    "{}: {} rewritten references in {}, which holds one",
+                    self.display,
+                    rewritten.len(),
+                    field.dotted()
+                ))),
+            },
+            RefShape::ListByKey(_) => {
+                let mut map: BTreeMap<String, SourceRef> = BTreeMap::new();
+                // Entries already rewritten earlier keep their original.
+                if let Some(previous) = annotation_of(self.object)
+                    .and_then(|a| serde_json::from_str::<BTreeMap<String, SourceRef>>(a).ok())
+                {
+                    for found in locate(self.object, field, &self.display)? {
+                        let Some(key) = &found.key else { continue };
+                        let (Ok(now), Some(original)) =
+                            (SourceRef::from_value(found.value), previous.get(key))
+                        else {
+                            continue;
+                        };
+                        if is_export_of(original, &now) {
+                            map.insert(key.clone(), original.clone());
+                        }
+                    }
+                }
+                for r in rewritten {
+                    if let Some(key) = &r.key {
+                        map.insert(key.clone(), r.original.clone());
+                    }
+                }
+                compact(&map)
+            }
+        }
+    }
+}
+
+/// Whether `now` is the export openflux points a reference to `original` at
+/// (of either target kind, under the current or an earlier naming).
+pub fn is_export_of(original: &SourceRef, now: &SourceRef) -> bool {
+    let export_kind = matches!(now.kind.as_str(), "ExternalArtifact" | "OCIRepository");
+    export_kind
+        && is_stock_ref(now.api_version.as_deref(), &now.kind)
+        && identity::is_export_name(original.group(), &original.kind, &original.name, &now.name)
+}
+
+#[cfg(test)]
+mod tests;

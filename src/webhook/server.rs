@@ -1,0 +1,512 @@
+//! The HTTPS shell around [`decide`](super::rewrite::decide): an axum router
+//! for `POST /mutate` served over rustls, HTTP/1.1 and HTTP/2.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tracing::Instrument;
+
+pub use super::answer::{answer, answer_parsed, Answer};
+use super::decision::{Decision, Options};
+use super::large::LargeParser;
+use super::limits::{Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
+use super::metrics::WebhookMetrics;
+use super::review;
+use super::rewrite::View;
+use crate::cluster::facts::Facts;
+use crate::index::OwnerIndex;
+use crate::locks;
+
+const JSON: header::HeaderValue = header::HeaderValue::from_static("application/json");
+
+/// Path the API server posts AdmissionReviews to.
+pub const MUTATE_PATH: &str = "/mutate";
+/// Largest request body accepted: the API server's own request limit.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Time a client gets to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client gets to send the headers of a request.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time one request gets, from its headers to the answer: the webhook
+/// configuration's `timeoutSeconds` (5). Past it the answer is 408.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a request waits for room among the requests in flight before it
+/// is answered 429 with `Retry-After: 1` (the API server retries a 429).
+pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
+/// Connections open at once; past it, new ones wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Time requests in flight get to finish at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What the webhook decides from, kept up to date by openflux's watches:
+/// the owner index and the export targets.
+#[derive(Clone, Default)]
+pub struct Knowledge {
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub facts: Arc<RwLock<Facts>>,
+}
+
+/// What the request handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub knowledge: Knowledge,
+    pub metrics: WebhookMetrics,
+    pub options: Arc<Options>,
+    pub admission: Admission,
+    pub logs: Arc<LogBudget>,
+}
+
+impl AppState {
+    pub fn new(knowledge: Knowledge, metrics: WebhookMetrics, options: Options) -> Self {
+        AppState {
+            knowledge,
+            metrics,
+            options: Arc::new(options),
+            admission: Admission::default(),
+            logs: Arc::default(),
+        }
+    }
+}
+
+/// The webhook's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(MUTATE_PATH, post(mutate))
+        .with_state(state)
+}
+
+/// Why a body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error("reading the request body: {0}")]
+    Read(#[from] axum::Error),
+}
+
+/// Reads a body, refusing it as soon as it passes `max` bytes: nothing over
+/// the limit is ever buffered.
+pub async fn read_body(body: axum::body::Body, max: usize) -> Result<Vec<u8>, BodyError> {
+    let mut stream = body.into_data_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if out.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+async fn mutate(State(state): State<AppState>, request: Request) -> Response {
+    let started = Instant::now();
+    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request)).await;
+    let (answer, response) = match handled {
+        Ok(Ok(mut answer)) => {
+            let (status, json) = (answer.status, [(header::CONTENT_TYPE, JSON)]);
+            let response = match &mut answer.review {
+                Ok(review) => (status, json, std::mem::take(review)).into_response(),
+                Err(message) => (status, std::mem::take(message)).into_response(),
+            };
+            (answer, response)
+        }
+        Ok(Err(refused)) => (refused.answer(), refused.response()),
+        Err(_) => {
+            let refused = Refused::TimedOut;
+            (refused.answer(), refused.response())
+        }
+    };
+    note(&state.logs, &answer);
+    state.metrics.observe(
+        answer.consumer,
+        answer.outcome,
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// A request refused before it was decided.
+enum Refused {
+    TooLarge,
+    Busy,
+    Unreadable(String),
+    TimedOut,
+}
+
+impl Refused {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refused::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refused::Busy => StatusCode::TOO_MANY_REQUESTS,
+            Refused::Unreadable(_) => StatusCode::BAD_REQUEST,
+            Refused::TimedOut => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Refused::TooLarge => BodyError::TooLarge.to_string(),
+            Refused::Busy => "too many admission requests in flight; retry".into(),
+            Refused::Unreadable(why) => why.clone(),
+            Refused::TimedOut => format!("the request was not answered within {REQUEST_TIMEOUT:?}"),
+        }
+    }
+
+    fn answer(&self) -> Answer {
+        Answer {
+            status: self.status(),
+            review: Err(self.message()),
+            consumer: "unknown",
+            outcome: "error",
+            subject: Default::default(),
+            decision: None,
+        }
+    }
+
+    fn response(&self) -> Response {
+        let mut response = (self.status(), self.message()).into_response();
+        if let Refused::Busy = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
+    let declared = content_length(request.headers());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(Refused::TooLarge);
+    }
+    let admitted = state.admission.admit(declared, MAX_BODY_BYTES as u64);
+    let wait = match declared {
+        Some(n) if n <= SMALL_BODY_BYTES => QUEUE_WAIT,
+        _ => LARGE_QUEUE_WAIT,
+    };
+    let _permit = tokio::time::timeout(wait, admitted)
+        .await
+        .map_err(|_| Refused::Busy)?;
+    let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
+        Err(e) => return Err(Refused::Unreadable(e.to_string())),
+    };
+    // A large body is parsed off the runtime's workers, on one thread of
+    // lower priority, so the small requests beside it are answered first.
+    let parsed = if body.len() as u64 > SMALL_BODY_BYTES {
+        let parser = LargeParser::shared().map_err(|e| Refused::Unreadable(e.to_string()))?;
+        parser
+            .parse(body)
+            .await
+            .map_err(|e| Refused::Unreadable(e.to_string()))?
+    } else {
+        review::parse(&body)
+    };
+    // Hold the read locks for the decision only; they never cross an await.
+    let index = locks::read(&state.knowledge.index);
+    let facts = locks::read(&state.knowledge.facts);
+    let view = View {
+        index: &index,
+        facts: &facts,
+    };
+    Ok(answer_parsed(parsed, view, &state.options))
+}
+
+/// Logs what happened to one request. Lines at info and above are about
+/// what a client sent, so they come out of the log budget.
+fn note(logs: &LogBudget, answer: &Answer) {
+    let [uid, namespace, name] = &answer.subject;
+    let consumer = answer.consumer;
+    let outcome = answer.outcome;
+    match (&answer.decision, &answer.review) {
+        (Some(Decision::Unchanged), _) => {
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, "admitted unchanged")
+        }
+        (Some(Decision::Rewrite { patch, warnings }), _) => {
+            // Debug: every re-apply of such an object is rewritten again.
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, %patch, ?warnings, "rewrote source reference")
+        }
+        (decision, review) => {
+            let Some(suppressed) = logs.allow() else {
+                return;
+            };
+            match (decision, review) {
+                (Some(Decision::Deny { message }), _) => {
+                    tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
+                }
+                (Some(Decision::Error { code, message }), _) if *code >= 500 => {
+                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (Some(Decision::Error { code, message }), _) => {
+                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (_, Err(message)) => {
+                    let status = answer.status.as_u16();
+                    tracing::warn!(status, %message, suppressed, "admission request refused")
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` completes; then
+/// stops accepting, lets open connections finish the requests in flight (up
+/// to [`SHUTDOWN_GRACE`]; connections still in their TLS handshake or idle
+/// are closed at once) and returns.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let (stop_tx, stop_rx) = watch::channel(());
+    let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let logs = LogBudget::default();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            (slot, accepted) = accept(&listener, &slots) => match accepted {
+                Ok((tcp, peer)) => {
+                    let span = tracing::debug_span!("connection", %peer);
+                    let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone());
+                    connections.spawn(
+                        async move {
+                            serve.await;
+                            drop(slot);
+                        }
+                        .instrument(span),
+                    );
+                }
+                Err(error) => {
+                    // For example too many open files: back off instead of spinning.
+                    if let Some(suppressed) = logs.allow() {
+                        tracing::warn!(%error, suppressed, "cannot accept a webhook connection");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(());
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "closing webhook connections that did not finish in time"
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// Accepts a connection once there is room for one more.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> (
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    std::io::Result<(TcpStream, SocketAddr)>,
+) {
+    let slot = slots.clone().acquire_owned().await.ok();
+    (slot, listener.accept().await)
+}
+
+async fn connection(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    mut stop: watch::Receiver<()>,
+) {
+    let _ = tcp.set_nodelay(true);
+    // A handshake under way at shutdown has no request in flight: drop it.
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = stop.changed() => return,
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let service = TowerToHyperService::new(app);
+    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "webhook connection ended with an error");
+            }
+        }
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            if let Err(error) = conn.await {
+                tracing::debug!(%peer, %error, "webhook connection ended with an error");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    fn app() -> Router {
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        router(AppState::new(
+            Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts: Default::default(),
+            },
+            WebhookMetrics::default(),
+            Options::default(),
+        ))
+    }
+
+    async fn post(body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+        let response = app()
+            .oneshot(
+                Request::post(MUTATE_PATH)
+                    .header("content-type", "application/json")
+                    .body(body.into())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, bytes.to_vec())
+    }
+
+    #[tokio::test]
+    async fn answers_malformed_requests_without_panicking() {
+        let (status, _) = post("{").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (status, _) =
+            post(r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        // With a uid: a well-formed AdmissionReview answer.
+        let (status, body) = post(
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","resource":{"group":"","version":"v1","resource":"pods"},"object":{"spec":{}}}}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(answer["response"]["uid"], "u");
+        assert_eq!(answer["response"]["allowed"], false);
+        assert_eq!(answer["response"]["status"]["code"], 400);
+    }
+
+    #[tokio::test]
+    async fn refuses_bodies_over_the_limit() {
+        let (status, _) = post(vec![b' '; MAX_BODY_BYTES + 1]).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_answers_429_with_retry_after_and_stalled_bodies_408() {
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        let mut state = AppState::new(
+            Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts: Default::default(),
+            },
+            WebhookMetrics::default(),
+            Options::default(),
+        );
+        state.admission = Admission::new(1, 1 << 20);
+        let app = router(state.clone());
+        let request = |body: Body| Request::post(MUTATE_PATH).body(body).unwrap();
+        // A body that never ends holds the only slot until the timeout.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let first = tokio::spawn(app.clone().oneshot(request(stalled)));
+        while state.admission.available() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let busy = app
+            .clone()
+            .oneshot(request(Body::from("{}")))
+            .await
+            .unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        let timed_out = first.await.unwrap().unwrap();
+        assert_eq!(timed_out.status(), StatusCode::REQUEST_TIMEOUT);
+        // Room again once it is gone.
+        let (status, _) = post("{").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn only_post_mutate_is_served() {
+        let response = app()
+            .oneshot(Request::get(MUTATE_PATH).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        let response = app()
+            .oneshot(Request::post("/other").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+}

@@ -1,0 +1,13 @@
+//! The committed CRD manifests are the output of `openflux crds`.
+
+#[test]
+fn committed_artifact_crd_matches_the_rust_types() {
+    let generated = openflux::api::crd_yaml().expect("the CRD serializes");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/crds/artifacts.yaml");
+    let committed =
+        std::fs::read_to_string(path).expect("manifests/crds/artifacts.yaml is readable");
+    assert!(
+        committed == generated,
+        "manifests/crds/artifacts.yaml is out of date; regenerate it with `cargo run -- crds > manifests/crds/artifacts.yaml`"
+    );
+}

@@ -1,0 +1,263 @@
+//! The webhook's bounds over real TLS, and the chaos short pass: generated
+//! AdmissionReviews through the decision path in process and a sample of
+//! them through the HTTPS server. `make chaos` runs the long pass.
+
+#[path = "chaos/reviews.rs"]
+mod reviews;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use openflux::index::OwnerIndex;
+use openflux::webhook::server::{answer, MAX_BODY_BYTES};
+use openflux::webhook::{self, Options, WebhookArgs, WebhookMetrics};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use reviews::Rng;
+
+fn synced_index() -> OwnerIndex {
+    let mut index = OwnerIndex::new();
+    index.reset([]);
+    index
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start() -> Server {
+    let args = WebhookArgs {
+        webhook_addr: "127.0.0.1:0".parse().unwrap(),
+        tls_cert_file: None,
+        tls_key_file: None,
+        tls_ca_file: None,
+        webhook_dns_names: vec!["localhost".into()],
+        webhook_ips: vec!["127.0.0.1".parse().unwrap()],
+        webhook_configuration: None,
+        no_cross_namespace_refs: false,
+        tls_reload_interval_seconds: 5,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(webhook::serve_on(
+        listener,
+        args,
+        None,
+        webhook::Knowledge {
+            index: Arc::new(RwLock::new(synced_index())),
+            facts: Arc::new(RwLock::new(all_external_artifact())),
+        },
+        WebhookMetrics::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Server {
+        addr,
+        stop: Some(stop),
+        task,
+    }
+}
+
+impl Server {
+    /// Stops the server; returns how long it took to return.
+    async fn stop(mut self) -> Duration {
+        let started = Instant::now();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .expect("serve_on returns after shutdown")
+            .unwrap()
+            .unwrap();
+        started.elapsed()
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Body>;
+
+async fn client(addr: SocketAddr) -> Sender {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(openflux::certs::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny))
+        .with_no_client_auth();
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn post(sender: &mut Sender, body: Body, length: Option<usize>) -> (u16, Vec<u8>) {
+    let mut request = Request::post(openflux::webhook::server::MUTATE_PATH)
+        .header("host", "localhost")
+        .header("content-type", "application/json");
+    if let Some(length) = length {
+        request = request.header("content-length", length);
+    }
+    let response = sender
+        .send_request(request.body(body).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(Body::new(response.into_body()), usize::MAX)
+        .await
+        .unwrap();
+    (status, body.to_vec())
+}
+
+#[tokio::test]
+async fn a_connection_that_never_finishes_its_handshake_does_not_hold_shutdown() {
+    let server = start().await;
+    // Connected, nothing sent: a probe, a scanner, a client that stalled.
+    let _idle = TcpStream::connect(server.addr).await.unwrap();
+    let mut sender = client(server.addr).await;
+    let (status, _) = post(&mut sender, Body::from("{"), None).await;
+    assert_eq!(status, 400);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let took = server.stop().await;
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_refused_before_they_are_read() {
+    let server = start().await;
+    let mut sender = client(server.addr).await;
+    // Declared too large: refused from the header.
+    let (status, _) = post(&mut sender, Body::from("{}"), Some(MAX_BODY_BYTES + 1)).await;
+    assert_eq!(status, 413);
+    // Streamed without a length: refused once past the limit, while the
+    // client would go on sending (64 MiB in all).
+    let mut sender = client(server.addr).await;
+    let chunks = futures::stream::iter(
+        (0..1024).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 64 * 1024]))),
+    );
+    let (status, _) = post(&mut sender, Body::from_stream(chunks), None).await;
+    assert_eq!(status, 413);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn generated_reviews_over_https_are_each_answered() {
+    let server = start().await;
+    let mut rng = Rng(0x5eed_0001);
+    let mut sender = client(server.addr).await;
+    let mut seen = std::collections::BTreeMap::new();
+    for i in 0..400 {
+        let body = reviews::body(&mut rng, 256 * 1024);
+        let len = body.len();
+        let (status, answer) = post(&mut sender, Body::from(body), Some(len)).await;
+        let kind = reviews::check(status, &answer).unwrap_or_else(|e| panic!("request {i}: {e}"));
+        *seen.entry(kind).or_insert(0) += 1;
+        if status == 400 {
+            // The server may close after an error: take a fresh connection.
+            sender = client(server.addr).await;
+        }
+    }
+    assert!(
+        seen.len() == 3,
+        "allowed, denied and 400 all seen: {seen:?}"
+    );
+    server.stop().await;
+}
+
+#[test]
+fn chaos_short_pass_through_the_decision_path() {
+    let index = synced_index();
+    let facts = all_external_artifact();
+    let view = openflux::webhook::rewrite::View {
+        index: &index,
+        facts: &facts,
+    };
+    let options = Options::default();
+    let mut rng = Rng(0x5eed_0002);
+    let count = std::env::var("OPENFLUX_CHAOS_REVIEWS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3_000);
+    let mut seen = std::collections::BTreeMap::new();
+    for i in 0..count {
+        let body = reviews::body(&mut rng, 256 * 1024);
+        let answered =
+            std::panic::catch_unwind(|| answer(&body, view, &options)).unwrap_or_else(|_| {
+                panic!(
+                    "review {i} panicked: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(300)])
+                )
+            });
+        let bytes = match &answered.review {
+            Ok(review) => review.clone(),
+            Err(message) => message.clone().into_bytes(),
+        };
+        let kind = reviews::check(answered.status.as_u16(), &bytes)
+            .unwrap_or_else(|e| panic!("review {i}: {e}"));
+        *seen.entry(kind).or_insert(0u64) += 1;
+    }
+    assert_eq!(seen.len(), 3, "allowed, denied and 400 all seen: {seen:?}");
+}
+
+/// Accepts any server certificate: these tests are about bounds, not trust.
+#[derive(Debug)]
+struct AcceptAny;
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        openflux::certs::provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Export targets that send every consumer to ExternalArtifact.
+fn all_external_artifact() -> openflux::cluster::facts::Facts {
+    openflux::cluster::facts::Facts::everywhere(
+        openflux::cluster::target::Target::ExternalArtifact,
+        &[],
+    )
+}
