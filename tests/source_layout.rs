@@ -189,7 +189,6 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("openflux", Layer::Shell),
     ("webhook", Layer::Shell),
     ("exports", Layer::Shell),
-    ("nodes", Layer::Shell),
     ("cells", Layer::Shell),
 ];
 
