@@ -83,6 +83,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("runtime::watch", Layer::Shell),
+    ("runtime::wakes", Layer::Shell),
     ("runtime", Layer::Runtime),
     ("runtime::flags", Layer::Runtime),
     ("runtime::leader", Layer::Runtime),

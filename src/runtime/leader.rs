@@ -16,7 +16,6 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::ResourceExt;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -128,14 +127,7 @@ impl Controllers {
                 }
                 Some(look) = self.looks.1.next() => self.consumers.look(&self.ctx, look).await,
                 Some(freed) = self.freed.1.next() => self.wake_owners_of(&freed),
-                batch = wakes.recv() => match batch {
-                    Ok(batch) => self.wake(&batch),
-                    Err(RecvError::Lagged(missed)) => {
-                        tracing::warn!(missed, "fell behind the watches; looking at every object again");
-                        self.wake_everything();
-                    }
-                    Err(RecvError::Closed) => break,
-                },
+                batch = wakes.recv() => self.wake(&batch),
                 _ = self.shutdown.cancelled() => break,
             }
         }

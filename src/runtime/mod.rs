@@ -10,12 +10,14 @@
 //! - [`router`]: what one watch event means (pure, tested as a table);
 //! - [`watch`]: the one watcher loop every watched kind runs, and the hub
 //!   that applies what the router decided;
+//! - [`wakes`]: the queue of wakes for the leader, without loss, each once;
 //! - [`leader`]: the leader's mirrors and export controller;
 //! - [`flags`]: the command line.
 
 pub mod flags;
 pub mod leader;
 pub mod router;
+pub mod wakes;
 pub mod watch;
 
 use std::sync::{Arc, Mutex, RwLock};

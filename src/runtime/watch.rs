@@ -15,17 +15,13 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::router::{route, Change, Event, Wake};
+use super::router::{route, Change, Event};
+use super::wakes::{WakeReceiver, WakeSender};
 use crate::index::OwnerIndex;
 use crate::locks;
 use crate::telemetry::{Metrics, SyncGuard, WATCH_STALE_AFTER};
-
-/// Batches of wakes the hub holds for a listener that fell behind; past
-/// that the listener is told it lagged and looks at everything again.
-pub const WAKE_BACKLOG: usize = 1024;
 
 /// What openflux watches: all namespaces or one, and the objects matching
 /// `--watch-label-selector` (empty: all).
@@ -258,16 +254,15 @@ pub fn without_managed_fields<K: Resource>(object: &mut K) {
 pub struct Hub {
     index: Arc<RwLock<OwnerIndex>>,
     metrics: Metrics,
-    wakes: broadcast::Sender<Arc<[Wake]>>,
+    wakes: WakeSender,
 }
 
 impl Hub {
     pub fn new(index: Arc<RwLock<OwnerIndex>>, metrics: Metrics) -> Self {
-        let (wakes, _) = broadcast::channel(WAKE_BACKLOG);
         Self {
             index,
             metrics,
-            wakes,
+            wakes: WakeSender::default(),
         }
     }
 
@@ -282,14 +277,12 @@ impl Hub {
             self.metrics.indexed_artifacts.set(index.len() as i64);
         }
         if !routed.wake.is_empty() {
-            // Without listeners (on a replica that is not the leader) the
-            // wakes are dropped: the leader looks at everything when it starts.
-            let _ = self.wakes.send(routed.wake.into_iter().collect());
+            self.wakes.send(routed.wake);
         }
     }
 
-    /// Listens to the wakes from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<[Wake]>> {
+    /// Listens to the wakes from now on (one listener: the leader).
+    pub fn subscribe(&self) -> WakeReceiver {
         self.wakes.subscribe()
     }
 }
@@ -313,11 +306,12 @@ mod tests {
         hub.take(Event::Artifact(Change::Deleted(&artifact)));
         hub.take(Event::Artifact(Change::Relisted(&[Arc::new(artifact)])));
         assert!(locks::read(&index).is_synced());
-        assert!(wakes.try_recv().is_ok_and(|w| w.len() == 1), "the relist");
-        assert!(
-            wakes.try_recv().is_err(),
-            "a delete of a standalone Artifact wakes nobody"
+        assert_eq!(
+            wakes.try_recv().len(),
+            1,
+            "the relist wakes the export of its Artifact; a delete of a standalone Artifact wakes nobody"
         );
+        assert!(wakes.try_recv().is_empty());
     }
 
     #[test]
