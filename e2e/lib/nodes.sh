@@ -22,6 +22,9 @@
 # Expects the variables and helpers of e2e/cluster (STATE, BIN_DIR, HOST,
 # say, die, fail_up, log_tail, kubectl_, client_cert, kubeconfig).
 
+# shellcheck source=e2e/lib/flux-install.sh
+source "$E2E_DIR/lib/flux-install.sh"
+
 NODES_COUNT=2
 NODES_BRIDGE=ofx-nodes0
 NODES_HOST_IP=198.18.0.1
@@ -575,6 +578,7 @@ nodes_up() {
     node_wait "$i" kube-proxy kube-proxy "kube-proxy of $(node_name "$i")" \
       in_node "$i" curl -fsS "http://127.0.0.1:$(node_port "$i" 3)/healthz"
   done
+  flux_install "${OPENFLUX_E2E_FLUX_INSTALL:-default}"
 }
 
 # ----------------------------------------------------------------- down ----
