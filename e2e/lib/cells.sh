@@ -147,7 +147,7 @@ cells_main() {
         up) [ $# -eq 3 ] || cells_usage; cell_up "$2" ;;
         down | status | env | build | bin) [ $# -eq 3 ] || cells_usage; cell_run "$2" "$3" ;;
         gates) [ $# -eq 4 ] || cells_usage; cell_run "$2" gates "$4" ;;
-        flux-install) [ $# -eq 4 ] || cells_usage; cell_run "$2" flux-install "$4" ;;
+        flux-install | stop-node | start-node) [ $# -eq 4 ] || cells_usage; cell_run "$2" "$3" "$4" ;;
         *) cells_usage ;;
       esac
       ;;

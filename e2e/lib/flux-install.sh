@@ -238,17 +238,25 @@ flux_images() {
     ver=$(flux_version "$c")
     archive=$STATE/registry/images/$c-$ver.oci.tar
     [ -f "$archive" ] && continue
+    [ -x "$BIN_DIR/$c" ] || die "$BIN_DIR/$c is missing: build the Flux line first ('e2e/cluster build')"
     oci_image_archive "$archive.tmp" "$c" "ghcr.io/fluxcd/$c:$ver" "$BIN_DIR/$c" "/usr/local/bin/$c" 65534:65534
     registry_push "$archive.tmp" "$REGISTRY/fluxcd/$c:$ver"
     mv "$archive.tmp" "$archive"
   done
 }
 
+# flux_deployments_available SHAPE: every Deployment of the shape rolled
+# out (its current generation observed, every replica updated and
+# available) and Available.
 flux_deployments_available() {
-  local c
+  local c state
   for c in $(flux_components "$1"); do
-    [ "$(kubectl_ -n "$FLUX_INSTALL_NAMESPACE" get deployment "$c" \
-      -o jsonpath='{.status.conditions[?(@.type=="Available")].status}' 2>/dev/null)" = True ] || return 1
+    state=$(kubectl_ -n "$FLUX_INSTALL_NAMESPACE" get deployment "$c" -o \
+      jsonpath='{.metadata.generation} {.status.observedGeneration} {.spec.replicas} {.status.updatedReplicas} {.status.availableReplicas} {.status.replicas} {.status.conditions[?(@.type=="Available")].status}' \
+      2>/dev/null) || return 1
+    read -r gen observed want updated available total ready <<<"$state"
+    [ "$gen" = "$observed" ] && [ "$updated" = "$want" ] && [ "$available" = "$want" ] &&
+      [ "$total" = "$want" ] && [ "$ready" = True ] || return 1
   done
 }
 

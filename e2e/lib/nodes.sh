@@ -535,6 +535,7 @@ healthzBindAddress: 127.0.0.1:$(node_port "$i" 3)
 metricsBindAddress: 127.0.0.1:$(node_port "$i" 2)
 clusterCIDR: $NODES_POD_CIDR
 detectLocalMode: ClusterCIDR
+nodePortAddresses: [primary]
 iptables:
   masqueradeAll: true
 conntrack:
@@ -636,6 +637,47 @@ node_down() {
   ip route del "$(node_pod_cidr "$i")" 2>/dev/null || true
   ip link del "ofx-n$i" 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
+}
+
+# node_stop I: node I is lost, as a machine that goes away: its link to the
+# bridge goes down (what was sent to it gets no answer), then its kubelet,
+# kube-proxy, containers and containerd are killed (SIGKILL). Its state
+# stays; node_start brings it back.
+node_stop() {
+  local i=$1 dir f pid pids cg
+  dir=$(node_dir "$i")
+  [ -d "$dir" ] || die "no node $i in $STATE"
+  ip link set "ofx-n$i" down
+  for f in kube-proxy kubelet; do
+    pid=$(cat "$dir/pids/$f.pid" 2>/dev/null || true)
+    [ -n "$pid" ] && node_alive "$i" "$f" "$f" && kill -KILL "$pid" 2>/dev/null
+  done
+  cg=$(node_cgroup "$i")
+  mapfile -t pids < <(pids_in_cgroup "$cg")
+  [ ${#pids[@]} -eq 0 ] || kill -KILL "${pids[@]}" 2>/dev/null || true
+  mapfile -t pids < <(pgrep -f -- "containerd-shim-runc-v2 .*-address $dir/containerd/containerd.sock" || true)
+  [ ${#pids[@]} -eq 0 ] || kill -KILL "${pids[@]}" 2>/dev/null || true
+  pid=$(cat "$dir/pids/containerd.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && node_alive "$i" containerd containerd && kill -KILL "$pid" 2>/dev/null
+  say "$(node_name "$i") stopped (link down, processes killed)"
+}
+
+# node_start I: a node stopped by node_stop comes back and becomes Ready.
+node_start_again() {
+  local i=$1 dir name
+  dir=$(node_dir "$i")
+  name=$(node_name "$i")
+  [ -d "$dir" ] || die "no node $i in $STATE"
+  ip link set "ofx-n$i" up
+  node_start "$i" containerd "$(command -v containerd)" --config "$dir/containerd/config.toml"
+  node_wait "$i" containerd containerd "containerd of $name" test -S "$dir/containerd/containerd.sock"
+  node_start "$i" kubelet "$BIN_DIR/kubelet" --config="$dir/kubelet.yaml" \
+    --kubeconfig="$STATE/$name.kubeconfig" --root-dir="$dir/kubelet" --cert-dir="$dir/cert" \
+    --hostname-override="$name" --node-ip="$(node_ip "$i")" --v=1
+  node_start "$i" kube-proxy "$BIN_DIR/kube-proxy" --config="$dir/kube-proxy.yaml" --v=1
+  node_wait "$i" kubelet kubelet "kubelet of $name healthy" \
+    in_node "$i" curl -fsS "http://127.0.0.1:$(node_port "$i" 1)/healthz"
+  node_wait "$i" kubelet kubelet "$name Ready" node_ready "$name"
 }
 
 unmount_under() {
