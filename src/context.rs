@@ -64,6 +64,9 @@ pub struct Context {
     /// Which Artifacts, sources and consumers this replica's controllers
     /// reconcile (`--watch-label-selector`; all without one).
     pub shard: crate::shard::Shard,
+    /// How a failed reconcile is retried (`--min-retry-delay`,
+    /// `--max-retry-delay`).
+    pub retry: openflux_api::runtime::RetryArgs,
 }
 
 impl Context {

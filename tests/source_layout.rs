@@ -132,6 +132,7 @@ const API_LAYERS: &[(&str, Layer)] = &[
     ("conditions", Layer::Api),
     ("duration", Layer::Api),
     ("runtime::id", Layer::Api),
+    ("runtime::retry", Layer::Pure),
     ("producer::digest", Layer::Pure),
     ("producer::testutil", Layer::Pure),
     ("runtime::selector", Layer::Pure),

@@ -15,7 +15,10 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
+use openflux_api::runtime::Retries;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::adopt::plan::{
     adopt, adopted_name, up_to_date, ADOPTED_FROM_LABEL, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION,
@@ -64,29 +67,37 @@ pub async fn run(
     };
     let sink_look = look.clone();
     let sink_ctx = ctx.clone();
-    let watching = tokio::spawn(watch.run(
+    // Owned by this task: aborted with it, never left running on their own.
+    let mut watching = AbortOnDropHandle::new(tokio::spawn(watch.run(
         writer,
         synced,
         move |change| observe(&sink_ctx, group, change, &sink_look),
         shutdown.clone(),
-    ));
+    )));
+    let mut retrying = JoinSet::new();
+    let retries = Retries::new(ctx.retry);
     tracing::info!(group, "adopting Open Flux Artifacts");
     loop {
+        while retrying.try_join_next().is_some() {}
         let next = tokio::select! {
             next = looks.next() => next,
             _ = shutdown.cancelled() => None,
         };
         let Some(key) = next else { break };
-        if let Err(error) = reconcile(&ctx, group, &resource, &theirs, &key).await {
-            tracing::warn!(group, namespace = %key.0, name = %key.1, %error, "cannot adopt an Open Flux Artifact; retrying");
-            let look = look.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-                let _ = look.unbounded_send(key);
-            });
+        match reconcile(&ctx, group, &resource, &theirs, &key).await {
+            Ok(()) => retries.succeeded(&key),
+            Err(error) => {
+                let delay = retries.failed(key.clone());
+                tracing::warn!(group, namespace = %key.0, name = %key.1, %error, retry_in = ?delay, "cannot adopt an Open Flux Artifact; retrying");
+                let look = look.clone();
+                retrying.spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = look.unbounded_send(key);
+                });
+            }
         }
     }
-    let _ = watching.await;
+    let _ = (&mut watching).await;
 }
 
 /// Asks for a look at what changed; after a relist also at every adopted

@@ -34,7 +34,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
-use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use serde_json::json;
 
 pub use plan::{
@@ -54,6 +54,8 @@ struct Exporter {
     ctx: Arc<Context>,
     targets: ExportTargets,
     metrics: ControllerMetrics,
+    /// The failures in a row of each Artifact failing now.
+    retries: Retries<ObjectRef<Artifact>>,
 }
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
@@ -76,11 +78,13 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |artifact, error, _exporter| {
-                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, "export reconcile failed");
-                Action::requeue(Duration::from_secs(5))
+            |artifact, error, exporter| {
+                let delay = exporter.retries.failed(ObjectRef::from(artifact.as_ref()));
+                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, retry_in = ?delay, "export reconcile failed");
+                Action::requeue(delay)
             },
             Arc::new(Exporter {
+                retries: Retries::new(ctx.retry),
                 metrics: ctx
                     .metrics
                     .reconciles
@@ -105,6 +109,11 @@ async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<A
         .reconcile(ObjectLabels::of(artifact.as_ref()));
     let result = reconcile_inner(&artifact, &exporter).await;
     guard.set_result(reconcile_result(&result));
+    if result.is_ok() {
+        exporter
+            .retries
+            .succeeded(&ObjectRef::from(artifact.as_ref()));
+    }
     result
 }
 

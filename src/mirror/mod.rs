@@ -14,7 +14,6 @@ pub mod plan;
 pub mod source;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
@@ -23,7 +22,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
-use openflux_api::runtime::{ControllerId, ControllerMetrics};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, Retries};
 
 pub use plan::{fingerprint, is_mirrored, is_own_export, plan, slim, InvalidSource, Plan};
 pub use source::{FluxSource, SourceKind};
@@ -80,15 +79,31 @@ impl Mirror {
         // Every trigger comes from the router; the controller's own stream
         // stays empty.
         let nothing = futures::stream::pending::<Result<FluxSource, watcher::Error>>();
+        let retries = Arc::new(Retries::new(ctx.retry));
+        let failed = retries.clone();
         Controller::for_stream_with(nothing, sources, self.resource)
             .with_config(ControllerConfig::default().concurrency(concurrency))
             .reconcile_on(triggers)
             .graceful_shutdown_on(shutdown)
             .run(
-                move |source, ctx| reconcile(source, ctx, stock, ar.clone(), metrics.clone()),
+                move |source, ctx| {
+                    let retries = retries.clone();
+                    let metrics = metrics.clone();
+                    let ar = ar.clone();
+                    async move {
+                        let key = (source.namespace().unwrap_or_default(), source.name_any());
+                        let result = reconcile(source, ctx, stock, ar, metrics).await;
+                        if result.is_ok() {
+                            retries.succeeded(&key);
+                        }
+                        result
+                    }
+                },
                 move |source, error, _ctx| {
-                    tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, "mirror reconcile failed");
-                    Action::requeue(Duration::from_secs(5))
+                    let key = (source.namespace().unwrap_or_default(), source.name_any());
+                    let delay = failed.failed(key);
+                    tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, retry_in = ?delay, "mirror reconcile failed");
+                    Action::requeue(delay)
                 },
                 ctx,
             )

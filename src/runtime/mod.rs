@@ -120,6 +120,7 @@ where
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
         shard: args.shard()?,
+        retry: runtime.retry,
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {

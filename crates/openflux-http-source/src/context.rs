@@ -10,7 +10,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use openflux_api::producer::storage::{Retention, Storage};
 use openflux_api::producer::{PublishError, Publisher};
-use openflux_api::runtime::{ControllerId, ControllerMetrics, EventRecorder};
+use openflux_api::runtime::{ControllerId, ControllerMetrics, EventRecorder, Retries, RetryArgs};
 
 use crate::api::HttpSource;
 use crate::fetch::Remembered;
@@ -56,6 +56,8 @@ pub struct Context {
     /// Largest artifact accepted, in decompressed bytes.
     pub max_size: u64,
     pub retention: Retention,
+    /// The failures in a row of each source failing now: its retry delay.
+    pub retries: Retries<ObjectRef<HttpSource>>,
     /// Per source: the last fetch attempt and the validators of the response
     /// the published artifact was built from.
     memory: Mutex<HashMap<ObjectRef<HttpSource>, Memory>>,
@@ -82,6 +84,7 @@ pub struct Parts {
     pub source_metrics: SourceMetrics,
     pub max_size: u64,
     pub retention: Retention,
+    pub retry: RetryArgs,
 }
 
 impl Context {
@@ -99,6 +102,7 @@ impl Context {
             id: ControllerId::of::<HttpSource>(),
             max_size: parts.max_size,
             retention: parts.retention,
+            retries: Retries::new(parts.retry),
             memory: Mutex::default(),
         }
     }

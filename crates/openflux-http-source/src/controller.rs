@@ -26,9 +26,6 @@ use crate::api::{condition, HttpSource, REQUESTED_AT_ANNOTATION};
 use crate::context::{Context, Error};
 use crate::reconcile::{is_ready, reconcile_source};
 
-/// Requeue delay after an error talking to the API server.
-const API_ERROR_REQUEUE: Duration = Duration::from_secs(5);
-
 /// Hash of what should trigger a reconcile: a new generation, a new
 /// `reconcile.fluxcd.io/requestedAt` value, or a move to another shard (the
 /// Artifact carries the source's `sharding.fluxcd.io/key` label); status
@@ -56,6 +53,7 @@ pub async fn reconcile(hs: Arc<HttpSource>, ctx: Arc<Context>) -> Result<Action,
         let result = reconcile_source(&hs, &ctx).await;
         match &result {
             Ok(done) => {
+                ctx.retries.succeeded(&ObjectRef::from_obj(hs.as_ref()));
                 guard.set_result(done.result);
                 if let Some(ready) = done.ready.or_else(|| is_ready(&hs)) {
                     let status = if ready { "True" } else { "False" };
@@ -73,8 +71,9 @@ pub async fn reconcile(hs: Arc<HttpSource>, ctx: Arc<Context>) -> Result<Action,
 
 pub fn error_policy(hs: Arc<HttpSource>, error: &Error, ctx: Arc<Context>) -> Action {
     let span = reconcile_span(&ctx.id, &hs.namespace().unwrap_or_default(), &hs.name_any());
-    span.in_scope(|| warn!(error = %error, "Reconciler error"));
-    Action::requeue(API_ERROR_REQUEUE)
+    let delay = ctx.retries.failed(ObjectRef::from_obj(hs.as_ref()));
+    span.in_scope(|| warn!(error = %error, retry_in = ?delay, "Reconciler error"));
+    Action::requeue(delay)
 }
 
 /// What to watch.

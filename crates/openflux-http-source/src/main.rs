@@ -277,6 +277,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         source_metrics,
         max_size: args.max_artifact_size,
         retention,
+        retry: flux.retry,
     }));
     let watch = Watch {
         namespace,

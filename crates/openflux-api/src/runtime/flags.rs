@@ -61,6 +61,8 @@ pub struct RuntimeArgs {
     pub leader_election: LeaderElectionArgs,
     #[command(flatten)]
     pub watch: WatchArgs,
+    #[command(flatten)]
+    pub retry: super::retry::RetryArgs,
 }
 
 impl RuntimeArgs {

@@ -17,7 +17,9 @@
 //!   under stalled API calls and clock skew;
 //! - [`health`]: `/healthz` and `/readyz`, the state of the watches
 //!   readiness depends on, and serving any of these routers;
-//! - [`id`]: the controller's identity in logs and metrics.
+//! - [`id`]: the controller's identity in logs and metrics;
+//! - [`retry`]: `--min-retry-delay`, `--max-retry-delay` and the per-object
+//!   backoff of failed reconciles.
 
 pub mod events;
 pub mod flags;
@@ -26,6 +28,7 @@ pub mod id;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod retry;
 pub mod selector;
 
 pub use events::{EventRecorder, FluxEvent};
@@ -33,4 +36,5 @@ pub use flags::{LeaderElectionArgs, ListenAddr, LogArgs, RuntimeArgs, WatchArgs}
 pub use health::{Health, WatchTicker, Watches};
 pub use id::ControllerId;
 pub use metrics::{ControllerMetrics, Metrics, ObjectLabels, ReconcileGuard, ReconcileResult};
+pub use retry::{Retries, RetryArgs};
 pub use selector::LabelSelector;
