@@ -87,6 +87,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime", Layer::Runtime),
     ("runtime::flags", Layer::Runtime),
     ("runtime::leader", Layer::Runtime),
+    ("runtime::leader::dispatch", Layer::Runtime),
 ];
 
 /// A crate of the workspace: where its code is, and the layer of each of

@@ -5,14 +5,19 @@
 //! ([`repoint`]), with no action from the user.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use futures::channel::mpsc::UnboundedSender;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
+use openflux_api::runtime::Retries;
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::consumers::references::{ConsumerKey, Entry};
 use crate::consumers::repoint::{repoint, ObjectKey};
@@ -36,10 +41,13 @@ pub struct Sinks {
     pub freed: UnboundedSender<Vec<ObjectKey>>,
 }
 
-/// The watched consumer kinds.
-#[derive(Default)]
+type Watched = HashMap<&'static str, (ApiResource, Store<DynamicObject>)>;
+
+/// The watched consumer kinds, shared by the leader (which starts the
+/// watches) and the re-pointing worker (which reads their stores).
+#[derive(Clone, Default)]
 pub struct Consumers {
-    watched: HashMap<&'static str, (ApiResource, Store<DynamicObject>)>,
+    watched: Arc<RwLock<Watched>>,
 }
 
 impl Consumers {
@@ -60,7 +68,7 @@ impl Consumers {
                 .collect()
         };
         for consumer in served {
-            if self.watched.contains_key(consumer.kind) {
+            if locks::read(&self.watched).contains_key(consumer.kind) {
                 continue;
             }
             let gvk = GroupVersionKind::gvk(consumer.group, consumer.version, consumer.kind);
@@ -85,14 +93,14 @@ impl Consumers {
                 move |change| observe(&ctx2, consumer, change, &look, &freed),
                 shutdown.clone(),
             ));
-            self.watched.insert(consumer.kind, (resource, store));
+            locks::write(&self.watched).insert(consumer.kind, (resource, store));
         }
     }
 
     /// Every consumer of every watched kind.
     pub fn everyone(&self) -> Vec<Look> {
         let mut all = Vec::new();
-        for (kind, (_, store)) in &self.watched {
+        for (kind, (_, store)) in locks::read(&self.watched).iter() {
             let Some(consumer) = CONSUMERS.iter().find(|c| c.kind == *kind) else {
                 continue;
             };
@@ -103,23 +111,67 @@ impl Consumers {
         all
     }
 
+    /// Re-points the consumers it is asked to look at until `shutdown`,
+    /// one at a time, off the leader's event loop. A failed patch is
+    /// retried per consumer with backoff; a consumer changed since it was
+    /// read (a 409 from the resourceVersion precondition) is decided again
+    /// on what it is now.
+    pub async fn repoint_all(
+        self,
+        ctx: Arc<Context>,
+        mut looks: UnboundedReceiver<Look>,
+        again: UnboundedSender<Look>,
+        shutdown: CancellationToken,
+    ) {
+        let retries = Retries::new(ctx.retry);
+        let mut retrying = JoinSet::new();
+        loop {
+            while retrying.try_join_next().is_some() {}
+            let next = tokio::select! {
+                next = looks.next() => next,
+                () = shutdown.cancelled() => None,
+            };
+            let Some(look) = next else { break };
+            let key = (look.0.kind, look.1.clone(), look.2.clone());
+            match self.look(&ctx, &look).await {
+                Ok(()) => retries.succeeded(&key),
+                Err(error) => {
+                    let delay = retries.failed(key);
+                    let (consumer, namespace, name) = &look;
+                    tracing::warn!(
+                        consumer = consumer.kind, %namespace, %name, %error, retry_in = ?delay,
+                        "cannot re-point a consumer; retrying"
+                    );
+                    let again = again.clone();
+                    retrying.spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = again.unbounded_send(look);
+                    });
+                }
+            }
+        }
+    }
+
     /// Re-points one consumer if its target changed: patches its
-    /// references (the webhook leaves a stock-kind reference alone).
-    pub async fn look(&self, ctx: &Context, (consumer, namespace, name): Look) {
-        let Some((resource, store)) = self.watched.get(consumer.kind) else {
-            return;
+    /// references (the webhook leaves a stock-kind reference alone), on
+    /// condition that it is still the version decided on.
+    async fn look(
+        &self,
+        ctx: &Context,
+        (consumer, namespace, name): &Look,
+    ) -> Result<(), kube::Error> {
+        let Some((resource, store)) = locks::read(&self.watched).get(consumer.kind).cloned() else {
+            return Ok(());
         };
-        let key = ObjectRef::new_with(&name, resource.clone()).within(&namespace);
+        let key = ObjectRef::new_with(name, resource.clone()).within(namespace);
         let Some(object) = store.get(&key) else {
-            return;
+            return Ok(());
         };
         if !ctx.shard.owns(object.labels()) {
             // Another shard's consumer: that shard re-points it.
-            return;
+            return Ok(());
         }
-        let Ok(value) = serde_json::to_value(&*object) else {
-            return;
-        };
+        let value = serde_json::to_value(&*object).map_err(kube::Error::SerdeError)?;
         let decided = {
             let index = locks::read(&ctx.index);
             let facts = locks::read(&ctx.facts);
@@ -131,26 +183,50 @@ impl Consumers {
         };
         let moved = match decided {
             Ok(Some(m)) => m,
-            Ok(None) => return,
+            Ok(None) => return Ok(()),
             Err(why) => {
                 tracing::debug!(consumer = consumer.kind, %namespace, %name, %why, "not re-pointed");
-                return;
+                return Ok(());
             }
         };
-        let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &namespace, resource);
-        let params = PatchParams::default();
-        match api.patch(&name, &params, &Patch::Merge(&moved.patch)).await {
-            Ok(_) => tracing::info!(
-                consumer = consumer.kind, %namespace, %name,
-                from = ?moved.from, to = ?moved.to,
-                "re-pointed a consumer to its custom source's current export"
-            ),
-            Err(error) => tracing::warn!(
-                consumer = consumer.kind, %namespace, %name, %error,
-                "cannot re-point a consumer; will retry"
-            ),
+        let patch = with_precondition(moved.patch.clone(), object.resource_version().as_deref());
+        let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), namespace, &resource);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(
+                    consumer = consumer.kind, %namespace, %name,
+                    from = ?moved.from, to = ?moved.to,
+                    "re-pointed a consumer to its custom source's current export"
+                );
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // Changed since the watch showed it: the watch brings the
+                // new version, and with it a new look.
+                tracing::info!(consumer = consumer.kind, %namespace, %name, "consumer changed while being re-pointed; deciding again on its new version");
+                Ok(())
+            }
+            Err(error) => Err(error),
         }
     }
+}
+
+/// `patch` applied only to the version `resource_version` of the object: the
+/// API server refuses it (409 Conflict) when someone changed the object
+/// since, so a concurrent edit is never overwritten.
+pub fn with_precondition(mut patch: Value, resource_version: Option<&str>) -> Value {
+    if let (Some(rv), Some(object)) = (resource_version, patch.as_object_mut()) {
+        let metadata = object
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(metadata) = metadata.as_object_mut() {
+            metadata.insert("resourceVersion".into(), Value::String(rv.into()));
+        }
+    }
+    patch
 }
 
 /// Keeps the references index and asks for a look at changed consumers.
@@ -168,14 +244,20 @@ fn observe(
             o.name_any(),
         )
     };
-    let entry = |o: &DynamicObject| {
-        serde_json::to_value(o)
-            .map(|v| Entry::of(consumer, &v))
-            .unwrap_or_default()
+    // A consumer that cannot be read keeps what it referred to before: an
+    // export it may still read is never retired for want of reading it.
+    let entry = |o: &DynamicObject| -> Option<Entry> {
+        match serde_json::to_value(o) {
+            Ok(v) => Some(Entry::of(consumer, &v)),
+            Err(error) => {
+                tracing::error!(consumer = consumer.kind, namespace = o.namespace().unwrap_or_default(), name = %o.name_any(), %error, "cannot read a consumer's references; keeping what it referred to before");
+                None
+            }
+        }
     };
     match change {
         Change::Applied(o) => {
-            let e = entry(o);
+            let Some(e) = entry(o) else { return };
             let mut gone: Vec<ObjectKey> = e.moved_from.clone();
             {
                 let mut refs = locks::write(&ctx.references);
@@ -198,8 +280,16 @@ fn observe(
             let _ = freed.unbounded_send(gone);
         }
         Change::Relisted(all) => {
-            let entries = all.iter().map(|o| (key(o), entry(o))).collect();
-            locks::write(&ctx.references).relisted(consumer.kind, entries);
+            let mut refs = locks::write(&ctx.references);
+            let entries = all
+                .iter()
+                .filter_map(|o| {
+                    let e = entry(o).or_else(|| refs.get(&key(o)).cloned())?;
+                    Some((key(o), e))
+                })
+                .collect();
+            refs.relisted(consumer.kind, entries);
+            drop(refs);
             for o in all {
                 let _ = look.unbounded_send((
                     consumer,
@@ -224,5 +314,24 @@ fn slim(object: &mut DynamicObject) {
                 serde_json::json!({ "observedGeneration": observed }),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_re_point_applies_only_to_the_version_it_was_decided_on() {
+        let patch = json!({"spec": {"sourceRef": {"kind": "OCIRepository", "name": "web"}}});
+        let guarded = with_precondition(patch.clone(), Some("42"));
+        assert_eq!(guarded["metadata"]["resourceVersion"], "42");
+        assert_eq!(guarded["spec"], patch["spec"], "the change itself is kept");
+        let annotated = json!({"metadata": {"annotations": {"a": "b"}}});
+        let guarded = with_precondition(annotated, Some("7"));
+        assert_eq!(guarded["metadata"]["annotations"]["a"], "b");
+        assert_eq!(guarded["metadata"]["resourceVersion"], "7");
+        assert_eq!(with_precondition(patch.clone(), None), patch);
     }
 }

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod source;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
@@ -25,6 +26,7 @@ use kube::{Client, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics, Retries};
 
 pub use plan::{fingerprint, is_mirrored, is_own_export, plan, slim, InvalidSource, Plan};
+use plan::{Stored, StoredArtifact, StoredOwner};
 pub use source::{FluxSource, SourceKind};
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
@@ -32,12 +34,55 @@ use crate::context::{apply_params, reconcile_result, Context, Error};
 use crate::locks;
 use crate::telemetry::KindLabels;
 
-/// Finds the first version of `kind` the API server serves.
-pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource> {
+/// Why openflux cannot tell whether a source kind is served.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("openflux may not read API group {group_version} (HTTP {code}: {message}); it needs discovery access (the shipped ClusterRole binding of system:discovery)")]
+    Forbidden {
+        group_version: String,
+        code: u16,
+        message: String,
+    },
+    #[error("reading API group {group_version}: {source}")]
+    Api {
+        group_version: String,
+        source: kube::Error,
+    },
+}
+
+/// What an error reading an API group means: not served (`Ok`), or a
+/// failure to report (missing permission apart from the rest).
+pub fn served_or_error(group_version: &str, error: kube::Error) -> Result<(), DiscoveryError> {
+    match error {
+        kube::Error::Api(status) if status.code == 404 => Ok(()),
+        kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
+            Err(DiscoveryError::Forbidden {
+                group_version: group_version.to_string(),
+                code: status.code,
+                message: status.message,
+            })
+        }
+        source => Err(DiscoveryError::Api {
+            group_version: group_version.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Finds the first version of `kind` the API server serves: `None` when it
+/// serves none (the CRD is not installed).
+pub async fn discover(
+    client: &Client,
+    kind: &StockSource,
+) -> Result<Option<ApiResource>, DiscoveryError> {
     for version in kind.versions {
         let gv = format!("{FLUX_SOURCE_GROUP}/{version}");
-        let Ok(list) = client.list_api_group_resources(&gv).await else {
-            continue;
+        let list = match client.list_api_group_resources(&gv).await {
+            Ok(list) => list,
+            Err(error) => {
+                served_or_error(&gv, error)?;
+                continue;
+            }
         };
         if list
             .resources
@@ -45,10 +90,10 @@ pub async fn discover(client: &Client, kind: &StockSource) -> Option<ApiResource
             .any(|r| r.kind == kind.kind && r.name == kind.plural)
         {
             let gvk = GroupVersionKind::gvk(FLUX_SOURCE_GROUP, version, kind.kind);
-            return Some(ApiResource::from_gvk_with_plural(&gvk, kind.plural));
+            return Ok(Some(ApiResource::from_gvk_with_plural(&gvk, kind.plural)));
         }
     }
-    None
+    Ok(None)
 }
 
 /// One mirror controller for one source kind.
@@ -154,7 +199,7 @@ async fn reconcile_inner(
         }
         Ok(Plan::Skip) => {}
         Ok(Plan::Remove { name }) => remove(ctx, source, &namespace, &name).await?,
-        Ok(Plan::Mirror(desired)) => write(ctx, stock, &namespace, &desired).await?,
+        Ok(Plan::Mirror(desired)) => return write(ctx, stock, ar, source, &desired).await,
     }
     Ok(Action::await_change())
 }
@@ -199,63 +244,159 @@ async fn remove(
     Ok(())
 }
 
-/// What the owner index says of the stored Artifact `name`: whether it is
-/// the mirror of `desired`'s fingerprint, and the resource version to
-/// remember a write against (none when absent, or not a mirror at all).
-enum Stored {
-    UpToDate,
-    Differs(Option<String>),
-    Foreign,
-}
-
-fn stored(ctx: &Context, namespace: &str, name: &str, wanted: u64) -> Stored {
+/// What the owner index knows of the Artifact `name` in `namespace`,
+/// decided on by [`plan::stored`] for source `source` of kind `stock`.
+fn stored(
+    ctx: &Context,
+    stock: &StockSource,
+    namespace: &str,
+    source: &str,
+    name: &str,
+    wanted: u64,
+) -> Stored {
     let index = locks::read(&ctx.index);
-    match index.artifact(namespace, name).map(|a| a.mirrored.as_ref()) {
-        None => Stored::Differs(None),
-        Some(None) => Stored::Foreign,
-        Some(Some(m)) if m.fingerprint == wanted => Stored::UpToDate,
-        Some(Some(m)) => Stored::Differs(m.resource_version.as_deref().map(str::to_string)),
-    }
+    let current = index.artifact(namespace, name).map(|a| StoredArtifact {
+        owner: a.owner.as_ref().map(|o| StoredOwner {
+            group: &o.source.group,
+            kind: &o.source.kind,
+            name: &o.source.name,
+        }),
+        mirrored: a
+            .mirrored
+            .as_ref()
+            .map(|m| (m.fingerprint, m.resource_version.as_deref())),
+    });
+    plan::stored(current, stock, source, wanted)
 }
 
-/// Applies `desired` unless the Artifact already says it.
+/// How long the mirror waits before looking again at a source whose
+/// Artifact name another object holds (a rename of that object, which
+/// wakes nothing here, is seen within this time).
+pub const TAKEN_RETRY: Duration = Duration::from_secs(300);
+
+/// Applies `desired` unless the Artifact already says it, or is not the
+/// mirror's to write.
 async fn write(
     ctx: &Context,
     stock: &'static StockSource,
-    namespace: &str,
+    ar: &SourceKind,
+    source: &FluxSource,
     desired: &Artifact,
-) -> Result<(), Error> {
+) -> Result<Action, Error> {
     let name = desired.name_any();
+    let namespace = desired.namespace().unwrap_or_default();
     let key = format!("artifact/{namespace}/{name}");
+    let taken_key = format!("taken/{namespace}/{name}");
     let wanted = fingerprint(desired);
     // The resource version to remember the write against.
-    let remember = match stored(ctx, namespace, &name, wanted) {
+    let remember = match stored(ctx, stock, &namespace, &source.name_any(), &name, wanted) {
         Stored::UpToDate => {
             // The cache shows the last write: nothing left to remember.
             ctx.memo.forget(&key);
-            return Ok(());
+            ctx.memo.forget(&taken_key);
+            return Ok(Action::await_change());
         }
         Stored::Differs(rv) => {
             if ctx.memo.already_written(&key, rv.as_deref(), wanted) {
-                return Ok(());
+                return Ok(Action::await_change());
             }
-            Some(rv)
+            rv
         }
-        // An Artifact of that name the mirror did not write: taken over,
-        // without the memo (the index keeps no resource version of it).
-        Stored::Foreign => None,
+        Stored::Taken(whose) => {
+            taken(ctx, stock, ar, source, &name, &whose).await;
+            return Ok(Action::requeue(TAKEN_RETRY));
+        }
     };
-    ctx.artifact_api(namespace)
+    ctx.artifact_api(&namespace)
         .patch(&name, &apply_params(), &Patch::Apply(desired))
         .await?;
-    if let Some(rv) = remember {
-        ctx.memo.record(key, rv, wanted);
-    }
+    ctx.memo.record(key, remember, wanted);
+    ctx.memo.forget(&taken_key);
     let kind = stock.kind.to_string();
     ctx.metrics
         .mirrored
         .get_or_create(&KindLabels { kind })
         .inc();
     tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
-    Ok(())
+    Ok(Action::await_change())
+}
+
+/// Reports, once a conflict, that the Artifact name the mirror gives
+/// `source` is held by an Artifact it does not own: a Warning Event on the
+/// source (openflux does not write Flux's status conditions), a log line
+/// and a count. The other Artifact keeps its content.
+async fn taken(
+    ctx: &Context,
+    stock: &'static StockSource,
+    ar: &SourceKind,
+    source: &FluxSource,
+    name: &str,
+    whose: &str,
+) {
+    let namespace = source.namespace().unwrap_or_default();
+    let message = format!(
+        "openflux mirrors this {kind}'s artifact as Artifact {namespace}/{name}, but an Artifact of that \
+         name belongs to {whose}; openflux does not write over it, so consumers of custom sources cannot \
+         name this {kind} through openflux until that Artifact is renamed (or this {kind} is)",
+        kind = stock.kind
+    );
+    let key = format!("taken/{namespace}/{name}");
+    let hash = crate::context::hash_of(&message).unwrap_or_default();
+    let uid = source.uid();
+    if ctx.memo.already_written(&key, uid.as_deref(), hash) {
+        return;
+    }
+    tracing::warn!(artifact = %name, owner = %whose, "the mirrored Artifact's name is taken; not writing over it");
+    ctx.metrics
+        .mirror_conflicts
+        .get_or_create(&KindLabels {
+            kind: stock.kind.to_string(),
+        })
+        .inc();
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(ar.0.api_version.clone()),
+        kind: Some(ar.0.kind.clone()),
+        name: Some(source.name_any()),
+        namespace: Some(namespace),
+        uid,
+        ..Default::default()
+    };
+    let event = openflux_api::runtime::FluxEvent::warning(ARTIFACT_NAME_TAKEN, message);
+    ctx.events
+        .publish_on(reference, source.annotations(), &event, None)
+        .await;
+    ctx.memo.record(key, source.uid(), hash);
+}
+
+/// Reason of the Event on a source whose Artifact name is taken.
+pub const ARTIFACT_NAME_TAKEN: &str = "ArtifactNameTaken";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api_error(code: u16) -> kube::Error {
+        let mut status = Status::failure(&format!("status {code}"), "");
+        status.code = code;
+        kube::Error::Api(status.boxed())
+    }
+
+    #[test]
+    fn a_missing_permission_is_not_read_as_a_missing_kind() {
+        let gv = "source.toolkit.fluxcd.io/v1";
+        assert!(served_or_error(gv, api_error(404)).is_ok(), "not served");
+        for code in [401, 403] {
+            let error = served_or_error(gv, api_error(code)).unwrap_err();
+            assert!(matches!(error, DiscoveryError::Forbidden { .. }), "{code}");
+            assert!(
+                error.to_string().contains("may not read API group"),
+                "{error}"
+            );
+        }
+        assert!(matches!(
+            served_or_error(gv, api_error(500)),
+            Err(DiscoveryError::Api { .. })
+        ));
+    }
 }

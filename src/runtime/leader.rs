@@ -4,22 +4,24 @@
 //! consumers' watches and re-pointing ([`crate::consumers::controller`]), and the wakes
 //! the router decided on. One task owns it all: nothing is shared or locked.
 
+mod dispatch;
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
-use kube::api::Api;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::ResourceExt;
+
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
-use super::router::{Event, Wake};
+use super::router::Event;
 use super::watch::{keep_all, without_managed_fields, Hub, Scope, Watch};
 use crate::adopt;
 use crate::api::{Artifact, StockSource, STOCK_SOURCES};
@@ -27,10 +29,10 @@ use crate::cluster::target::Target;
 use crate::consumers::controller::{Consumers, Look, Sinks};
 use crate::consumers::repoint::ObjectKey;
 use crate::context::Context;
-use crate::export::release::{self, target_resource};
+use crate::export::release::target_resource;
 use crate::export::{self, ExportTarget, ExportTargets};
 use crate::locks;
-use crate::mirror::{self, FluxSource, Mirror, SourceKind};
+use crate::mirror::{self, DiscoveryError, FluxSource, Mirror, SourceKind};
 use crate::telemetry::Readiness;
 
 /// How often the leader looks for source kinds the cluster did not serve yet.
@@ -49,10 +51,18 @@ struct Exporting {
     /// The export targets it runs with.
     targets: BTreeSet<Target>,
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    /// Owned by the leader: aborted when the leader's task ends or drops it.
+    task: AbortOnDropHandle<()>,
 }
 
 type Channel<T> = (UnboundedSender<T>, UnboundedReceiver<T>);
+
+/// What one discovery round found: each stock kind not mirrored yet, and
+/// the resource it is served as (`None`: not served), or why that is unknown.
+type Found = Vec<(
+    &'static StockSource,
+    Result<Option<ApiResource>, DiscoveryError>,
+)>;
 
 /// Everything the leader runs.
 pub struct Controllers {
@@ -70,8 +80,16 @@ pub struct Controllers {
     consumers: Consumers,
     /// Open Flux Artifact API groups being adopted.
     adopting: BTreeSet<&'static str>,
-    looks: Channel<Look>,
+    /// Asks the re-pointing worker to look at a consumer.
+    look: UnboundedSender<Look>,
+    /// What the re-pointing worker takes when the leader starts it.
+    looks: Option<UnboundedReceiver<Look>>,
     freed: Channel<Vec<ObjectKey>>,
+    found: Channel<Found>,
+    /// A discovery round is running.
+    discovering: bool,
+    /// Every task the leader starts: aborted, not detached, when the term
+    /// ends (dropping a JoinSet aborts its tasks).
     tasks: JoinSet<()>,
 }
 
@@ -85,6 +103,7 @@ impl Controllers {
         readiness: Arc<Readiness>,
         shutdown: CancellationToken,
     ) -> Self {
+        let (look, looks) = unbounded();
         Self {
             ctx,
             facts_seen,
@@ -99,33 +118,51 @@ impl Controllers {
             reported_missing: BTreeSet::new(),
             consumers: Consumers::default(),
             adopting: BTreeSet::new(),
-            looks: unbounded(),
+            look,
+            looks: Some(looks),
             freed: unbounded(),
+            found: unbounded(),
+            discovering: false,
             tasks: JoinSet::new(),
         }
     }
 
     /// Runs until shutdown, then waits for every controller to stop.
+    ///
+    /// The loop itself awaits no API call: discovery, re-pointing and every
+    /// controller run as tasks the leader owns, and report back here.
     pub async fn run(mut self) {
         let mut wakes = self.hub.subscribe();
         let mut discovery = tokio::time::interval(DISCOVERY_PERIOD);
         discovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if let Some(looks) = self.looks.take() {
+            self.tasks.spawn(self.consumers.clone().repoint_all(
+                self.ctx.clone(),
+                looks,
+                self.look.clone(),
+                self.shutdown.clone(),
+            ));
+        }
         loop {
             tokio::select! {
-                _ = discovery.tick() => self.discover().await,
+                _ = discovery.tick() => self.start_discovery(),
+                Some(found) = self.found.1.next() => {
+                    self.discovering = false;
+                    self.discovered(found);
+                    self.follow_targets();
+                }
                 changed = self.facts_seen.changed() => {
                     if changed.is_err() {
                         break;
                     }
                     // New export targets: export every Artifact anew, and
                     // move every consumer that should move.
-                    self.discover().await;
+                    self.follow_targets();
                     self.wake_everything();
                     for look in self.consumers.everyone() {
-                        let _ = self.looks.0.unbounded_send(look);
+                        let _ = self.look.unbounded_send(look);
                     }
                 }
-                Some(look) = self.looks.1.next() => self.consumers.look(&self.ctx, look).await,
                 Some(freed) = self.freed.1.next() => self.wake_owners_of(&freed),
                 batch = wakes.recv() => self.wake(&batch),
                 _ = self.shutdown.cancelled() => break,
@@ -137,23 +174,59 @@ impl Controllers {
         while self.tasks.join_next().await.is_some() {}
     }
 
-    /// Starts a mirror for each stock kind the cluster serves now, a watch
-    /// of each export target and consumer kind the survey found, and the
-    /// export controller (again when the served targets change).
-    async fn discover(&mut self) {
-        for stock in STOCK_SOURCES.iter() {
+    /// Looks, in a task of its own, for the stock source kinds not mirrored
+    /// yet; [`Self::discovered`] takes what it found.
+    fn start_discovery(&mut self) {
+        if self.discovering {
+            return;
+        }
+        let missing: Vec<&'static StockSource> = STOCK_SOURCES
+            .iter()
+            .filter(|s| !self.mirrors.contains_key(s.kind))
+            .collect();
+        if missing.is_empty() {
+            self.follow_targets();
+            return;
+        }
+        self.discovering = true;
+        let client = self.ctx.client.clone();
+        let found = self.found.0.clone();
+        self.tasks.spawn(async move {
+            let mut out = Vec::with_capacity(missing.len());
+            for stock in missing {
+                out.push((stock, mirror::discover(&client, stock).await));
+            }
+            let _ = found.unbounded_send(out);
+        });
+    }
+
+    /// Starts a mirror for each stock kind found served.
+    fn discovered(&mut self, found: Found) {
+        for (stock, served) in found {
             if self.mirrors.contains_key(stock.kind) {
                 continue;
             }
-            let Some(resource) = mirror::discover(&self.ctx.client, stock).await else {
-                if self.reported_missing.insert(stock.kind) {
-                    tracing::info!(kind = stock.kind, "source kind not served by this cluster (CRD not installed); skipping until it appears");
+            match served {
+                Ok(Some(resource)) => {
+                    tracing::info!(kind = stock.kind, version = %resource.version, "mirroring source kind");
+                    self.start_mirror(stock, SourceKind::new(resource));
                 }
-                continue;
-            };
-            tracing::info!(kind = stock.kind, version = %resource.version, "mirroring source kind");
-            self.start_mirror(stock, SourceKind::new(resource));
+                Ok(None) => {
+                    if self.reported_missing.insert(stock.kind) {
+                        tracing::info!(kind = stock.kind, "source kind not served by this cluster (CRD not installed); skipping until it appears");
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(kind = stock.kind, %error, "cannot tell whether this source kind is served; not mirroring it until that works");
+                }
+            }
         }
+    }
+
+    /// Keeps a watch of each export target and consumer kind the survey
+    /// found, and the export controller running with the served targets
+    /// (started anew when they change).
+    fn follow_targets(&mut self) {
         let (cluster, synced) = {
             let facts = locks::read(&self.ctx.facts);
             (facts.cluster.clone(), facts.synced)
@@ -177,7 +250,7 @@ impl Controllers {
         }
         self.adopt_open_flux();
         let sinks = Sinks {
-            look: self.looks.0.clone(),
+            look: self.look.clone(),
             freed: self.freed.0.clone(),
         };
         self.consumers.start(
@@ -191,8 +264,10 @@ impl Controllers {
             Some(running) if running.targets == current => {}
             _ => {
                 if let Some(old) = self.export.take() {
+                    // Aborted, not drained: the new controller looks at
+                    // every Artifact, so a reconcile cut short is redone.
                     old.stop.cancel();
-                    let _ = old.task.await;
+                    drop(old);
                 }
                 self.start_export();
             }
@@ -215,39 +290,6 @@ impl Controllers {
                 self.readiness.controller_watch(&name),
                 self.shutdown.clone(),
             ));
-        }
-    }
-
-    /// Wakes the export of the Artifacts owning these exported objects.
-    fn wake_owners_of(&self, objects: &[ObjectKey]) {
-        let Some(export) = &self.export else { return };
-        for key in objects {
-            for served in self.targets.values() {
-                if served.resource.kind != key.kind {
-                    continue;
-                }
-                let r =
-                    ObjectRef::new_with(&key.name, served.resource.clone()).within(&key.namespace);
-                let Some(object) = served.exports.get(&r) else {
-                    continue;
-                };
-                for owner in object.owner_references() {
-                    let artifact = ObjectRef::new(&owner.name).within(&key.namespace);
-                    let _ = export.wake.unbounded_send(artifact);
-                }
-            }
-        }
-    }
-
-    /// Takes source-controller's finalizer off a shadow being deleted.
-    fn release(&mut self, kind: &str, namespace: &str, name: &str) {
-        if let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) {
-            let api = Api::<DynamicObject>::namespaced_with(
-                self.ctx.client.clone(),
-                namespace,
-                &served.resource,
-            );
-            self.tasks.spawn(release::release(api, name.to_string()));
         }
     }
 
@@ -322,13 +364,13 @@ impl Controllers {
     fn start_export(&mut self) {
         let (wake, triggers) = unbounded();
         let stop = self.shutdown.child_token();
-        let task = tokio::spawn(export::run(
+        let task = AbortOnDropHandle::new(tokio::spawn(export::run(
             self.ctx.clone(),
             self.targets.clone(),
             triggers,
             self.concurrency,
             stop.clone().cancelled_owned(),
-        ));
+        )));
         let running = Exporting {
             wake,
             targets: self.targets.keys().copied().collect(),
@@ -341,52 +383,5 @@ impl Controllers {
             let _ = running.wake.unbounded_send(ObjectRef::from(&*artifact));
         }
         self.export = Some(running);
-    }
-
-    /// Hands each wake to the controller it names; a controller that does
-    /// not run (yet) looks at everything when it starts.
-    fn wake(&mut self, batch: &[Wake]) {
-        for wake in batch {
-            match wake {
-                Wake::Export(key) => {
-                    if let Some(export) = &self.export {
-                        let artifact = ObjectRef::new(&key.name).within(&key.namespace);
-                        let _ = export.wake.unbounded_send(artifact);
-                    }
-                }
-                Wake::Release {
-                    kind,
-                    namespace,
-                    name,
-                } => self.release(kind, namespace, name),
-                Wake::Mirror {
-                    source,
-                    namespace,
-                    name,
-                } => {
-                    if let Some(mirror) = self.mirrors.get(source) {
-                        let source =
-                            ObjectRef::new_with(name, mirror.resource.clone()).within(namespace);
-                        let _ = mirror.wake.unbounded_send(source);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Wakes every controller for every object it keeps.
-    fn wake_everything(&self) {
-        if let Some(export) = &self.export {
-            for artifact in self.ctx.artifacts.state() {
-                let _ = export.wake.unbounded_send(ObjectRef::from(&*artifact));
-            }
-        }
-        for mirror in self.mirrors.values() {
-            for source in mirror.sources.state() {
-                let _ = mirror
-                    .wake
-                    .unbounded_send(ObjectRef::from_obj_with(&*source, mirror.resource.clone()));
-            }
-        }
     }
 }

@@ -185,7 +185,7 @@ where
         false => {
             let controllers = leading.start(shutdown.clone());
             shutdown.cancelled().await;
-            stop_controllers(controllers).await;
+            stop_controllers(controllers, false).await;
         }
     }
     let _ = watch.await;
@@ -240,8 +240,19 @@ impl Leading {
     }
 }
 
-/// Waits (bounded) for stopped controllers to finish what they were doing.
-async fn stop_controllers(mut controllers: JoinHandle<()>) {
+/// Stops the controllers of a term. When the Lease was lost another replica
+/// may lead already, so every task of the term is aborted at once, not
+/// drained: no write of this term starts after that (a write already sent
+/// cannot be called back). At shutdown, with the Lease still held, waits
+/// (bounded) for them to finish what they were doing.
+async fn stop_controllers(mut controllers: JoinHandle<()>, lease_lost: bool) {
+    if lease_lost {
+        // The leader's task owns every task it started (a JoinSet, the
+        // export controller's abort-on-drop handle): aborting it aborts them.
+        controllers.abort();
+        let _ = controllers.await;
+        return;
+    }
     match tokio::time::timeout(CONTROLLERS_STOP_GRACE, &mut controllers).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "controllers ended abnormally"),
@@ -282,7 +293,7 @@ async fn campaign(
         if let Some(lost) = &lost {
             tracing::error!(error = %lost, "stopping the controllers; the webhook keeps serving");
         }
-        stop_controllers(controllers).await;
+        stop_controllers(controllers, lost.is_some()).await;
         if lost.is_none() {
             if args.leader_election_release_on_cancel {
                 elector.release().await;
@@ -344,4 +355,47 @@ fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<Even
             .ok(),
     };
     Ok(EventRecorder::new(client.clone(), reporter, notifier))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Counts forever, one tick a millisecond.
+    async fn count(ticks: Arc<AtomicU64>) {
+        let mut every = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            every.tick().await;
+            ticks.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_stops_every_task_of_the_term_at_once() {
+        let (in_set, owned) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (a, b) = (in_set.clone(), owned.clone());
+        // A term as the leader runs one: tasks in its JoinSet, the export
+        // controller behind an abort-on-drop handle, and a loop that does
+        // not stop on its own.
+        let term = tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            tasks.spawn(count(a));
+            let _export = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(count(b)));
+            std::future::pending::<()>().await;
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(in_set.load(Ordering::SeqCst) > 0 && owned.load(Ordering::SeqCst) > 0);
+        let started = tokio::time::Instant::now();
+        stop_controllers(term, true).await;
+        assert!(started.elapsed() < CONTROLLERS_STOP_GRACE, "not drained");
+        let (x, y) = (in_set.load(Ordering::SeqCst), owned.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            in_set.load(Ordering::SeqCst),
+            x,
+            "the JoinSet's tasks stopped"
+        );
+        assert_eq!(owned.load(Ordering::SeqCst), y, "the owned task stopped");
+    }
 }

@@ -1,0 +1,94 @@
+//! Where the leader sends each wake: to the controller it names, or to the
+//! owners of exported objects a consumer stopped referring to.
+
+use kube::api::Api;
+use kube::core::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::Controllers;
+use crate::consumers::repoint::ObjectKey;
+use crate::export::release;
+use crate::runtime::router::Wake;
+
+impl Controllers {
+    /// Wakes the export of the Artifacts owning these exported objects.
+    pub(super) fn wake_owners_of(&self, objects: &[ObjectKey]) {
+        let Some(export) = &self.export else { return };
+        for key in objects {
+            for served in self.targets.values() {
+                if served.resource.kind != key.kind {
+                    continue;
+                }
+                let r =
+                    ObjectRef::new_with(&key.name, served.resource.clone()).within(&key.namespace);
+                let Some(object) = served.exports.get(&r) else {
+                    continue;
+                };
+                for owner in object.owner_references() {
+                    let artifact = ObjectRef::new(&owner.name).within(&key.namespace);
+                    let _ = export.wake.unbounded_send(artifact);
+                }
+            }
+        }
+    }
+
+    /// Takes source-controller's finalizer off a shadow being deleted.
+    pub(super) fn release(&mut self, kind: &str, namespace: &str, name: &str) {
+        if let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) {
+            let api = Api::<DynamicObject>::namespaced_with(
+                self.ctx.client.clone(),
+                namespace,
+                &served.resource,
+            );
+            self.tasks.spawn(release::release(api, name.to_string()));
+        }
+    }
+
+    /// Hands each wake to the controller it names; a controller that does
+    /// not run (yet) looks at everything when it starts.
+    pub(super) fn wake(&mut self, batch: &[Wake]) {
+        for wake in batch {
+            match wake {
+                Wake::Export(key) => {
+                    if let Some(export) = &self.export {
+                        let artifact = ObjectRef::new(&key.name).within(&key.namespace);
+                        let _ = export.wake.unbounded_send(artifact);
+                    }
+                }
+                Wake::Release {
+                    kind,
+                    namespace,
+                    name,
+                } => self.release(kind, namespace, name),
+                Wake::Mirror {
+                    source,
+                    namespace,
+                    name,
+                } => {
+                    if let Some(mirror) = self.mirrors.get(source) {
+                        let source =
+                            ObjectRef::new_with(name, mirror.resource.clone()).within(namespace);
+                        let _ = mirror.wake.unbounded_send(source);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes every controller for every object it keeps.
+    pub(super) fn wake_everything(&self) {
+        if let Some(export) = &self.export {
+            for artifact in self.ctx.artifacts.state() {
+                let _ = export.wake.unbounded_send(ObjectRef::from(&*artifact));
+            }
+        }
+        for mirror in self.mirrors.values() {
+            for source in mirror.sources.state() {
+                let _ = mirror
+                    .wake
+                    .unbounded_send(ObjectRef::from_obj_with(&*source, mirror.resource.clone()));
+            }
+        }
+    }
+}
