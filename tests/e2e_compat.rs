@@ -321,7 +321,10 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     })
     .await;
     assert!(refused.contains("write the Artifact again"), "{refused}");
+    // The producer's next revision (a label alone would not record a
+    // writer: it does not change what is exported).
     let mut again = owned_artifact(&n, "web", "web", &uid, &spec);
+    again["spec"]["lastUpdateTime"] = json!("2026-01-02T00:00:00Z");
     again["metadata"]["labels"] = json!({"e2e.openflux.dev/written": "again"});
     env.apply(&again).await.expect("the producer's next write");
     let (_, export) = wait_export(&env, &n, "web", |_| true).await;
@@ -512,6 +515,99 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
         writer.contains(&format!("system:serviceaccount:{n}:producer")),
         "{writer}"
     );
+    ns.delete().await;
+}
+
+/// The number of export reconciles of Artifact `name` in `ns` so far.
+async fn reconciles(of: &support::openflux::Openflux, ns: &str, name: &str) -> f64 {
+    let series = format!(
+        "gotk_reconcile_duration_seconds_count{{kind=\"Artifact\",name=\"{name}\",namespace=\"{ns}\"}}"
+    );
+    of.metric(&series).await.unwrap_or(0.0)
+}
+
+/// An administrator labelling an Artifact its writer may not publish does
+/// not vouch for its content: the writer of what is exported stays the
+/// tenant, and the Artifact stays refused after openflux judged it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelling_a_refused_artifact_does_not_make_it_the_labellers() {
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("trust-label").await;
+    let n = ns.name().to_string();
+    let (of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    intruder_and_producer(&env, &n).await;
+    let uid = test_source(&env, &n, "victim").await;
+    write_as(&env, &n, "intruder", "victim", "victim", &uid, None).await;
+    let intruder = format!("system:serviceaccount:{n}:intruder");
+    wait_for("the tenant's Artifact to be refused", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "victim").await?;
+        (ready_condition(&a)?.1 == "Untrusted").then_some(())
+    })
+    .await;
+    let before = reconciles(&of, &n, "victim").await;
+    // The administrator (the test's own client) adds a label.
+    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
+        .await
+        .expect("discovery");
+    let labelled = artifacts
+        .patch(
+            "victim",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"reviewed": "yes"}}})),
+        )
+        .await
+        .expect("labelling the Artifact");
+    let writer = labelled
+        .annotations()
+        .get("openflux.dev/written-by")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        writer.contains(&intruder),
+        "the label re-stamped the writer: {writer}"
+    );
+    // openflux judges the labelled Artifact again; it stays refused and is
+    // not exported. Two reconciles after `before`: one of them began after
+    // the label (a reconcile running while it landed is followed by another).
+    let export = format!("victim.testsource.{TEST_GROUP}");
+    wait_for(
+        "openflux to judge the labelled Artifact",
+        TIMEOUT,
+        || async {
+            let judged = reconciles(&of, &n, "victim").await >= before + 2.0;
+            let exported = env
+                .find(
+                    "source.toolkit.fluxcd.io/v1",
+                    "ExternalArtifact",
+                    &n,
+                    &export,
+                )
+                .await
+                .is_some();
+            (judged || exported).then_some(())
+        },
+    )
+    .await;
+    let artifact = env
+        .find(ARTIFACT, "Artifact", &n, "victim")
+        .await
+        .expect("the Artifact");
+    let (status, reason, message) = ready_condition(&artifact).expect("a Ready condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Untrusted"),
+        "{message}"
+    );
+    assert!(message.contains(&intruder), "{message}");
+    for kind in ["ExternalArtifact", "OCIRepository"] {
+        assert!(
+            env.find("source.toolkit.fluxcd.io/v1", kind, &n, &export)
+                .await
+                .is_none(),
+            "{kind} {export} exported after the label"
+        );
+    }
     ns.delete().await;
 }
 

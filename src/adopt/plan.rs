@@ -26,8 +26,7 @@ use crate::{names, shard};
 pub const OPEN_FLUX_GROUPS: [&str; 2] = ["openfluxcd.ocm.software", "openfluxcd.mandelsoft.org"];
 /// The version of Open Flux's Artifact API.
 pub const OPEN_FLUX_VERSION: &str = "v1alpha1";
-/// Label on an adopted Artifact: the API group of the Artifact it stands for.
-pub const ADOPTED_FROM_LABEL: &str = "openflux.dev/adopted-from";
+pub use crate::export::trust::ADOPTED_FROM_LABEL;
 
 /// Name of the openflux.dev Artifact standing for Open Flux Artifact `name`
 /// of `group`.

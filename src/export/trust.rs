@@ -29,6 +29,45 @@ pub const WRITER_ANNOTATION: &str = "openflux.dev/written-by";
 /// one).
 pub const ADOPTED_WRITER_ANNOTATION: &str = "openflux.dev/adopted-written-by";
 
+/// Label on an adopted Artifact: the API group of the Open Flux Artifact it
+/// stands for.
+pub const ADOPTED_FROM_LABEL: &str = "openflux.dev/adopted-from";
+
+/// What an export of an Artifact is made of, as paths in the object: the
+/// webhook records as writer whoever changes any of them, and keeps the
+/// recorded writer on an update that changes none. The spec fields are
+/// those of every Artifact API openflux reads (their schemas admit no
+/// others).
+pub const EXPORT_INPUTS: [&[&str]; 10] = [
+    &["spec", "url"],
+    &["spec", "revision"],
+    &["spec", "digest"],
+    &["spec", "path"],
+    &["spec", "size"],
+    &["spec", "lastUpdateTime"],
+    &["spec", "metadata"],
+    &["metadata", "ownerReferences"],
+    &["metadata", "labels", ADOPTED_FROM_LABEL],
+    &["metadata", "annotations", ADOPTED_WRITER_ANNOTATION],
+];
+
+/// Namespaces the shipped webhook configuration's entry for Artifacts
+/// leaves out (its `namespaceSelector`): no writer is recorded there, so an
+/// Artifact's writer annotation there is whatever its author claimed.
+pub const UNSEEN_NAMESPACES: [&str; 2] = ["kube-system", "openflux-system"];
+
+/// The verdict on an Artifact in a namespace the webhook does not see, if
+/// it is one: never trusted from its annotation.
+pub fn unseen(namespace: &str) -> Option<Verdict> {
+    UNSEEN_NAMESPACES.contains(&namespace).then(|| {
+        Verdict::Untrusted(format!(
+            "openflux's admission webhook does not see Artifacts in {namespace}, so who wrote this one \
+             is not known (its {WRITER_ANNOTATION} annotation says what its author wrote there); \
+             publish Artifacts for custom sources in another namespace"
+        ))
+    })
+}
+
 /// The identity of a writer, as the API server authenticated it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
@@ -136,6 +175,38 @@ pub fn verdict(writer: &Writer, claim: &Claim<'_>, review_status: &Value) -> Ver
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unseen_namespaces_are_those_the_shipped_webhook_skips_for_artifacts() {
+        use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+        for file in [
+            "webhook-config/mutating-webhook.yaml",
+            "webhook-config/local/mutating-webhook.yaml",
+        ] {
+            let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&text).unwrap();
+            let artifacts = config
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .find(|w| w.name == "artifacts.openflux.dev")
+                .unwrap_or_else(|| panic!("{file}: no entry for Artifacts"));
+            let expressions = artifacts
+                .namespace_selector
+                .and_then(|s| s.match_expressions)
+                .unwrap_or_default();
+            let skipped: Vec<String> = expressions
+                .iter()
+                .filter(|e| e.key == "kubernetes.io/metadata.name" && e.operator == "NotIn")
+                .flat_map(|e| e.values.clone().unwrap_or_default())
+                .collect();
+            assert_eq!(skipped, UNSEEN_NAMESPACES, "{file}");
+            assert_eq!(expressions.len(), 1, "{file}: {expressions:?}");
+        }
+        assert!(unseen("apps").is_none());
+        assert!(matches!(unseen("kube-system"), Some(Verdict::Untrusted(_))));
+    }
 
     #[test]
     fn writers_round_trip_through_the_annotation() {

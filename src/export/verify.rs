@@ -17,7 +17,8 @@ use kube::{Api, Client, ResourceExt};
 use crate::adopt::plan::ADOPTED_FROM_LABEL;
 use crate::api::{split_api_version, Artifact};
 use crate::export::trust::{
-    access_review, verdict, Claim, Verdict, Writer, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION,
+    access_review, unseen, verdict, Claim, Verdict, Writer, ADOPTED_WRITER_ANNOTATION,
+    WRITER_ANNOTATION,
 };
 use crate::locks;
 
@@ -59,6 +60,10 @@ impl Verifier {
         if !self.enabled {
             return Ok(Verdict::Trusted);
         }
+        let namespace = artifact.namespace().unwrap_or_default();
+        if let Some(verdict) = unseen(&namespace) {
+            return Ok(verdict);
+        }
         let annotations = artifact.annotations();
         let mut written = annotations
             .get(WRITER_ANNOTATION)
@@ -77,7 +82,6 @@ impl Verifier {
             )));
         };
         let (group, version) = split_api_version(&owner.api_version);
-        let namespace = artifact.namespace().unwrap_or_default();
         let key = format!(
             "{}|{group}|{}|{namespace}|{}",
             writer.to_annotation(),
@@ -135,6 +139,87 @@ async fn whoami(client: &Client) -> Option<String> {
         Err(error) => {
             tracing::warn!(%error, "cannot learn openflux's own identity (SelfSubjectReview); adopted Open Flux Artifacts are checked as written by openflux");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ArtifactSpec;
+    use axum::http::{Request, Response};
+    use serde_json::json;
+
+    /// A client whose API server answers what the check asks: who openflux
+    /// is, where the source kind is served, and that every writer may
+    /// update every status.
+    fn allowing_client() -> Client {
+        let service = tower::service_fn(|request: Request<kube::client::Body>| async move {
+            let path = request.uri().path().to_string();
+            let body = if path.ends_with("/selfsubjectreviews") {
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                       "status": {"userInfo": {"username": "system:serviceaccount:openflux-system:openflux"}}})
+            } else if path.ends_with("/subjectaccessreviews") {
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                       "spec": {}, "status": {"allowed": true}})
+            } else {
+                json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "sources.example.com/v1",
+                       "resources": [{"name": "webs", "singularName": "web", "namespaced": true,
+                                      "kind": "Web", "verbs": ["get", "list", "watch"]}]})
+            };
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            Ok::<_, std::convert::Infallible>(Response::new(kube::client::Body::from(bytes)))
+        });
+        Client::new(service, "default")
+    }
+
+    fn artifact_in(namespace: &str, writer: &str) -> Artifact {
+        let mut artifact = Artifact::new("a", ArtifactSpec::default());
+        artifact.metadata.namespace = Some(namespace.into());
+        artifact.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "sources.example.com/v1".into(),
+                kind: "Web".into(),
+                name: "web".into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            },
+        ]);
+        let writer = Writer {
+            username: writer.into(),
+            ..Writer::default()
+        };
+        artifact.metadata.annotations = Some(
+            [(WRITER_ANNOTATION.to_string(), writer.to_annotation())]
+                .into_iter()
+                .collect(),
+        );
+        artifact
+    }
+
+    #[tokio::test]
+    async fn an_artifact_where_the_webhook_does_not_look_is_never_trusted_from_its_annotation() {
+        let verifier = Verifier::new(allowing_client(), true).await;
+        // Where the webhook records writers, the recorded one is checked.
+        assert_eq!(
+            verifier
+                .check(&artifact_in("apps", "kubernetes-admin"))
+                .await
+                .unwrap(),
+            Verdict::Trusted
+        );
+        // The webhook's entries for Artifacts skip these namespaces: the
+        // annotation there is whatever the object claims.
+        for namespace in ["kube-system", "openflux-system"] {
+            let verdict = verifier
+                .check(&artifact_in(namespace, "kubernetes-admin"))
+                .await
+                .unwrap();
+            let Verdict::Untrusted(message) = verdict else {
+                panic!("{namespace}: an Artifact claiming its writer was trusted");
+            };
+            assert!(message.contains(namespace), "{message}");
         }
     }
 }

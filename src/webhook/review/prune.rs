@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::api::SOURCE_REF_ANNOTATION;
 use crate::consumers::table::CONSUMERS;
-use crate::export::trust::WRITER_ANNOTATION;
+use crate::export::trust::{EXPORT_INPUTS, WRITER_ANNOTATION};
 
 /// Which parts of a value to keep.
 #[derive(Debug, Default)]
@@ -50,8 +50,13 @@ pub fn object_keep() -> &'static Keep {
             keep.path(&["metadata", field]);
         }
         keep.path(&["metadata", "annotations", SOURCE_REF_ANNOTATION]);
-        // An Artifact's recorded writer (the webhook overwrites it).
+        // An Artifact's recorded writer (the webhook overwrites it), and
+        // what an export of it is made of (a change records a new writer):
+        // small fields, named by no consumer's schema but the Artifact's.
         keep.path(&["metadata", "annotations", WRITER_ANNOTATION]);
+        for path in EXPORT_INPUTS {
+            keep.path(path);
+        }
         for consumer in &CONSUMERS {
             keep.path(consumer.refs.path);
             if let Some(forbidden) = &consumer.forbidden {
@@ -203,7 +208,7 @@ mod tests {
         assert_eq!(
             prune(&object),
             json!({
-                "metadata": {"name": "a", "namespace": "b",
+                "metadata": {"name": "a", "namespace": "b", "labels": {},
                              "annotations": {"openflux.dev/source-ref": "{}"}},
                 "spec": {"chartRef": {"kind": "X", "name": "y", "extra": [1]},
                          "chart": {"spec": {"sourceRef": {"kind": "HelmRepository", "name": "r"}}}}

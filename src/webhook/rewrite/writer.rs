@@ -1,23 +1,44 @@
-//! Recording who wrote an Artifact: on every create or update of an
-//! Artifact (openflux.dev, and Open Flux's groups), the webhook sets
-//! [`WRITER_ANNOTATION`] to the identity the API server authenticated,
-//! whatever the object says. The export controller trusts an Artifact for
+//! Recording who wrote an Artifact: the webhook keeps [`WRITER_ANNOTATION`]
+//! (on openflux.dev Artifacts and Open Flux's) as the identity the API
+//! server authenticated for the request that last changed what an export
+//! of the Artifact is made of ([`EXPORT_INPUTS`]: its spec, its owner
+//! references, and what marks an adopted Open Flux Artifact), whatever the
+//! object says. An update that changes none of those (a label, a note)
+//! keeps the recorded writer, so labelling someone's Artifact never makes
+//! its content the labeller's. The export controller trusts an Artifact for
 //! its source only when that identity may update the source's status
 //! ([`crate::export::trust`]). Pure.
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{Map, Value};
 
 use crate::adopt::plan::OPEN_FLUX_GROUPS;
 use crate::api::GROUP;
-use crate::export::trust::{Writer, WRITER_ANNOTATION};
+use crate::export::trust::{Writer, EXPORT_INPUTS, WRITER_ANNOTATION};
 use crate::webhook::decision::Decision;
 use crate::webhook::review::{AdmissionRequest, Operation};
 
 /// Whether the API group and resource are an Artifact API openflux reads.
 pub fn is_artifact_resource(group: &str, resource: &str) -> bool {
     resource == "artifacts" && (group == GROUP || OPEN_FLUX_GROUPS.contains(&group))
+}
+
+/// Whether `new` differs from `old` in anything an export is made of.
+pub fn export_inputs_changed(old: &Value, new: &Value) -> bool {
+    EXPORT_INPUTS
+        .iter()
+        .any(|path| at(old, path) != at(new, path))
+}
+
+fn at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter()
+        .try_fold(value, |v, key| v.get(key))
+        .filter(|v| !v.is_null())
+}
+
+fn recorded(object: &Value) -> Option<&str> {
+    at(object, &["metadata", "annotations", WRITER_ANNOTATION]).and_then(Value::as_str)
 }
 
 /// The decision for a request about an Artifact, `None` for anything else.
@@ -41,35 +62,47 @@ pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
             "the admission request carries no object",
         ));
     };
-    let value = writer.to_annotation();
+    // The writer the Artifact must carry: the requester, unless this is an
+    // update that leaves what is exported as it was, which keeps the writer
+    // recorded before (none stays none).
+    let keep = match (request.operation, &request.old_object) {
+        (Operation::Update, Some(old)) if !export_inputs_changed(old, object) => {
+            Some(recorded(old).map(str::to_string))
+        }
+        _ => None,
+    };
+    let value = match keep {
+        Some(kept) => kept,
+        None => Some(writer.to_annotation()),
+    };
+    if recorded(object) == value.as_deref() {
+        return Some(Decision::Unchanged);
+    }
     let metadata = object.get("metadata").filter(|m| m.is_object());
     let annotations = metadata
         .and_then(|m| m.get("annotations"))
         .filter(|a| a.is_object());
-    if annotations
-        .and_then(|a| a.get(WRITER_ANNOTATION))
-        .and_then(Value::as_str)
-        == Some(&value)
-    {
-        return Some(Decision::Unchanged);
-    }
-    let (path, value) = match (metadata, annotations) {
-        (Some(_), Some(_)) => (
-            PointerBuf::from_tokens(["metadata", "annotations", WRITER_ANNOTATION]),
-            Value::String(value),
-        ),
-        (Some(_), None) => {
+    let operation = match (metadata, annotations, value) {
+        (None, _, _) => return Some(Decision::bad_request("the Artifact has no metadata")),
+        (Some(_), Some(_), Some(value)) => PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["metadata", "annotations", WRITER_ANNOTATION]),
+            value: Value::String(value),
+        }),
+        (Some(_), None, Some(value)) => {
             let mut entry = Map::new();
             entry.insert(WRITER_ANNOTATION.into(), Value::String(value));
-            (
-                PointerBuf::from_tokens(["metadata", "annotations"]),
-                Value::Object(entry),
-            )
+            PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+                value: Value::Object(entry),
+            })
         }
-        (None, _) => return Some(Decision::bad_request("the Artifact has no metadata")),
+        // A claim on an Artifact whose writer was never recorded: removed.
+        (Some(_), _, None) => PatchOperation::Remove(RemoveOperation {
+            path: PointerBuf::from_tokens(["metadata", "annotations", WRITER_ANNOTATION]),
+        }),
     };
     Some(Decision::Rewrite {
-        patch: Patch(vec![PatchOperation::Add(AddOperation { path, value })]),
+        patch: Patch(vec![operation]),
         warnings: Vec::new(),
     })
 }
@@ -77,6 +110,8 @@ pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::trust::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION};
+    use crate::webhook::review::prune::{object_keep, Pruned};
     use crate::webhook::review::GroupVersionResource;
     use serde_json::json;
 
@@ -138,6 +173,136 @@ mod tests {
             &bare,
         );
         assert!(out["metadata"]["annotations"][WRITER_ANNOTATION].is_string());
+    }
+
+    /// An update as `user` from `old` to `new`, both read as the webhook
+    /// reads them (pruned to what the decision reads).
+    fn update(old: Value, new: Value, user: &str) -> AdmissionRequest {
+        use serde::de::DeserializeSeed;
+        let prune = |v: Value| Pruned(object_keep()).deserialize(v).unwrap();
+        AdmissionRequest {
+            operation: Operation::Update,
+            old_object: Some(prune(old)),
+            ..request(GROUP, prune(new), Some(json!({"username": user})))
+        }
+    }
+
+    fn writer_of(object: &Value) -> Option<String> {
+        let text = object["metadata"]["annotations"][WRITER_ANNOTATION].as_str()?;
+        Writer::from_annotation(text).map(|w| w.username)
+    }
+
+    /// The object after the decision (unchanged, or patched).
+    fn admitted(decision: Decision, object: &Value) -> Value {
+        match decision {
+            Decision::Unchanged => object.clone(),
+            other => stamped(other, object),
+        }
+    }
+
+    fn tenant_artifact() -> Value {
+        let tenant = Writer {
+            username: "system:serviceaccount:apps:tenant".into(),
+            ..Writer::default()
+        };
+        json!({
+            "metadata": {"name": "a", "namespace": "apps",
+                         "annotations": {WRITER_ANNOTATION: tenant.to_annotation()},
+                         "ownerReferences": [{"apiVersion": "sources.example.com/v1", "kind": "Web",
+                                              "name": "web", "uid": "u1", "controller": true}]},
+            "spec": {"url": "http://tenant/a.tar.gz", "revision": "v1", "digest": "sha256:00"},
+        })
+    }
+
+    #[test]
+    fn an_update_that_leaves_what_is_exported_keeps_the_recorded_writer() {
+        let old = tenant_artifact();
+        // An administrator labels the Artifact (and the object they send
+        // claims them as writer, or names nobody): the tenant stays its
+        // writer, since the tenant's spec is what would be exported.
+        let mut labelled = old.clone();
+        labelled["metadata"]["labels"] = json!({"team": "a"});
+        labelled["metadata"]["annotations"]["note"] = json!("checked");
+        let admin = "kubernetes-admin";
+        let out = admitted(
+            stamp(&update(old.clone(), labelled.clone(), admin)).unwrap(),
+            &labelled,
+        );
+        assert_eq!(
+            writer_of(&out).as_deref(),
+            Some("system:serviceaccount:apps:tenant")
+        );
+        let mut claimed = labelled.clone();
+        claimed["metadata"]["annotations"][WRITER_ANNOTATION] = json!(Writer {
+            username: admin.into(),
+            ..Writer::default()
+        }
+        .to_annotation());
+        let out = admitted(
+            stamp(&update(old.clone(), claimed.clone(), admin)).unwrap(),
+            &claimed,
+        );
+        assert_eq!(
+            writer_of(&out).as_deref(),
+            Some("system:serviceaccount:apps:tenant")
+        );
+        let mut unnamed = labelled.clone();
+        unnamed["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(WRITER_ANNOTATION);
+        let out = admitted(
+            stamp(&update(old.clone(), unnamed.clone(), admin)).unwrap(),
+            &unnamed,
+        );
+        assert_eq!(
+            writer_of(&out).as_deref(),
+            Some("system:serviceaccount:apps:tenant")
+        );
+        // An Artifact written while no writer was recorded stays so: a
+        // label does not make its content anyone's.
+        let mut unstamped = old.clone();
+        unstamped["metadata"]["annotations"] = json!({});
+        let mut labelled = unstamped.clone();
+        labelled["metadata"]["labels"] = json!({"team": "a"});
+        let out = admitted(
+            stamp(&update(unstamped, labelled.clone(), admin)).unwrap(),
+            &labelled,
+        );
+        assert_eq!(writer_of(&out), None);
+    }
+
+    #[test]
+    fn changing_what_is_exported_records_who_changed_it() {
+        let old = tenant_artifact();
+        let admin = "kubernetes-admin";
+        type Change = (&'static str, fn(&mut Value));
+        let changes: [Change; 5] = [
+            ("spec", |o| {
+                o["spec"]["url"] = json!("http://admin/a.tar.gz")
+            }),
+            ("spec.metadata", |o| {
+                o["spec"]["metadata"] = json!({"k": "v"})
+            }),
+            ("owner", |o| {
+                o["metadata"]["ownerReferences"][0]["name"] = json!("other")
+            }),
+            ("adopted writer", |o| {
+                o["metadata"]["annotations"][ADOPTED_WRITER_ANNOTATION] = json!("{}")
+            }),
+            ("adopted label", |o| {
+                o["metadata"]["labels"] = json!({ADOPTED_FROM_LABEL: "openfluxcd.ocm.software"})
+            }),
+        ];
+        for (what, change) in changes {
+            let mut new = old.clone();
+            change(&mut new);
+            let out = admitted(
+                stamp(&update(old.clone(), new.clone(), admin)).unwrap(),
+                &new,
+            );
+            assert_eq!(writer_of(&out).as_deref(), Some(admin), "{what}");
+        }
     }
 
     #[test]
