@@ -31,6 +31,12 @@ pub struct KindLabels {
 pub struct Metrics {
     /// Artifact writes made by the mirror, by source kind.
     pub mirrored: Family<KindLabels, Counter>,
+    /// Sources the mirror found an Artifact of someone else under its
+    /// Artifact's name, by source kind (each conflict counted once).
+    pub mirror_conflicts: Family<KindLabels, Counter>,
+    /// Exports the API server refused (Artifact `Ready=False`, reason
+    /// `ExportFailed`).
+    pub export_failures: Counter,
     /// Exported-object writes made by the export controller.
     pub exported: Counter,
     /// Flux's reconcile metrics (`controller_runtime_reconcile_*`,
@@ -46,6 +52,8 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             mirrored: Family::default(),
+            mirror_conflicts: Family::default(),
+            export_failures: Counter::default(),
             exported: Counter::default(),
             reconciles: FluxMetrics::register(registry),
             indexed_artifacts: Gauge::default(),
@@ -60,6 +68,8 @@ impl Metrics {
     fn describe(&self, registry: &mut Registry) {
         registry.register("openflux_mirrored_writes", "Artifact writes made by the mirror controller", self.mirrored.clone());
         registry.register("openflux_exported_writes", "Exported object writes made by the export controller", self.exported.clone());
+        registry.register("openflux_mirror_conflicts", "Sources whose mirrored Artifact name is held by an Artifact openflux does not own", self.mirror_conflicts.clone());
+        registry.register("openflux_export_failures", "Exports of an Artifact the API server refused", self.export_failures.clone());
         registry.register("openflux_indexed_artifacts", "Artifacts in the owner index", self.indexed_artifacts.clone());
         registry.register("openflux_leader", "1 while this replica holds the leader Lease", self.leader.clone());
     }

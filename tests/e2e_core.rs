@@ -413,6 +413,117 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
     ns.delete().await;
 }
 
+/// A producer's own Artifact that happens to carry the name the mirror
+/// gives a GitRepository (`gitrepository-<name>`) keeps its content and its
+/// owner, whether the producer owns it as controller or not; the conflict
+/// shows on the GitRepository as a Warning Event naming the Artifact, and
+/// in a count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_artifact_under_a_mirror_name_is_never_written_over() {
+    let env = cluster().await;
+    let fx = env.fixtures();
+    install_crds(&env).await;
+    let ns = env.namespace("mirror-taken").await;
+    let n = ns.name().to_string();
+    let (repo, _) = fx
+        .create_repo(
+            &unique_name("taken"),
+            &[("deploy/cm.yaml", &support::configmap_yaml("git"))],
+        )
+        .expect("creating a git repository");
+    let source = env
+        .apply(&json!({
+            "apiVersion": TEST_SOURCE, "kind": "TestSource",
+            "metadata": {"name": "producer", "namespace": n}, "spec": {}
+        }))
+        .await
+        .expect("creating the custom source");
+    let uid = source.uid().expect("uid");
+    let of = start_openflux(&env, &n).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), &n);
+    for (git, controller) in [("app", None), ("lib", Some(true))] {
+        let name = format!("gitrepository-{git}");
+        let spec = publish(
+            env.fixtures(),
+            &n,
+            &name,
+            "v1",
+            &[("cm.yaml", &support::configmap_yaml("producer"))],
+        );
+        env.apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": name, "namespace": n, "ownerReferences": [
+                {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "producer",
+                 "uid": uid, "controller": controller}]},
+            "spec": spec,
+        }))
+        .await
+        .expect("the producer's Artifact");
+        env.apply(&json!({
+            "apiVersion": SOURCE, "kind": "GitRepository",
+            "metadata": {"name": git, "namespace": n},
+            "spec": {"url": repo.url, "interval": "10m", "ref": {"branch": "main"}}
+        }))
+        .await
+        .expect("creating the GitRepository");
+        wait_for(
+            &format!("GitRepository {git} to have an artifact"),
+            TIMEOUT,
+            || async {
+                let g = env.find(SOURCE, "GitRepository", &n, git).await?;
+                field(&g, "/status/artifact/url").map(|_| ())
+            },
+        )
+        .await;
+        // The conflict is told on the GitRepository, naming the Artifact
+        // (or the producer's Artifact changed, which fails below).
+        let note = wait_for(
+            &format!("the conflict on GitRepository {git}"),
+            TIMEOUT,
+            || async {
+                let a = env.find(ARTIFACT, "Artifact", &n, &name).await?;
+                if field(&a, "/spec/url") != spec.get("url") {
+                    return Some(None);
+                }
+                let list = events.list(&Default::default()).await.ok()?;
+                list.items.into_iter().find_map(|e| {
+                    let regarding = e.regarding.as_ref()?;
+                    let about = regarding.name.as_deref() == Some(git)
+                        && regarding.kind.as_deref() == Some("GitRepository");
+                    let warning = e.type_.as_deref() == Some("Warning");
+                    (about && warning && e.reason.as_deref() == Some("ArtifactNameTaken"))
+                        .then(|| Some(e.note.unwrap_or_default()))
+                })
+            },
+        )
+        .await;
+        let artifact = env
+            .find(ARTIFACT, "Artifact", &n, &name)
+            .await
+            .expect("the producer's Artifact");
+        for key in ["url", "revision", "digest"] {
+            assert_eq!(
+                field(&artifact, &format!("/spec/{key}")),
+                spec.get(key),
+                "{name} was written over"
+            );
+        }
+        let owners = artifact.owner_references();
+        assert_eq!(owners.len(), 1, "{name}: {owners:?}");
+        assert_eq!(owners[0].uid, uid);
+        let note = note.expect("an Event on the GitRepository");
+        assert!(note.contains(&name) && note.contains("renamed"), "{note}");
+    }
+    assert_eq!(
+        of.metric("openflux_mirror_conflicts_total{kind=\"GitRepository\"}")
+            .await,
+        Some(2.0),
+        "each conflict counted once"
+    );
+    drop(of);
+    ns.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_writes_and_a_standby_takes_over() {
     let env = cluster().await;

@@ -12,8 +12,8 @@ use kube::ResourceExt;
 
 use super::source::FluxSource;
 use crate::api::{
-    is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, MANAGED_BY,
-    MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP,
+    MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
 use crate::{names, shard};
 
@@ -166,7 +166,66 @@ pub fn fingerprint(artifact: &Artifact) -> u64 {
     hasher.finish()
 }
 
-/// Bytes written into a hasher.
+/// The controller owner of a stored Artifact, as the owner index keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredOwner<'a> {
+    pub group: &'a str,
+    pub kind: &'a str,
+    pub name: &'a str,
+}
+
+/// What the owner index knows of the Artifact the mirror would write: its
+/// controller owner, and for the mirror of a stock source its fingerprint
+/// and resource version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredArtifact<'a> {
+    pub owner: Option<StoredOwner<'a>>,
+    pub mirrored: Option<(u64, Option<&'a str>)>,
+}
+
+/// What the mirror does with the Artifact of its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// It says what the source says.
+    UpToDate,
+    /// Absent, or the source's own mirror saying something else: write
+    /// (remembering the write against this resource version).
+    Differs(Option<String>),
+    /// Someone else's Artifact holds the name: never written over. The
+    /// text says whose.
+    Taken(String),
+}
+
+/// Decides from the stored Artifact of the name the mirror gives source
+/// `name` of kind `stock` whether the mirror may write it: only when it is
+/// absent or its controller is that source (a mirror written earlier, for
+/// this source or one of that name deleted since, whose Artifact the garbage
+/// collector would take). Pure.
+pub fn stored(
+    current: Option<StoredArtifact<'_>>,
+    stock: &StockSource,
+    name: &str,
+    wanted: u64,
+) -> Stored {
+    let Some(current) = current else {
+        return Stored::Differs(None);
+    };
+    let ours = current
+        .owner
+        .is_some_and(|o| o.group == FLUX_SOURCE_GROUP && o.kind == stock.kind && o.name == name);
+    match (ours, current.mirrored) {
+        (true, Some((fingerprint, _))) if fingerprint == wanted => Stored::UpToDate,
+        (true, Some((_, rv))) => Stored::Differs(rv.map(str::to_string)),
+        (true, None) => Stored::Differs(None),
+        (false, _) => Stored::Taken(match current.owner {
+            Some(o) if o.group.is_empty() => format!("{} {name}", o.kind, name = o.name),
+            Some(o) => format!("{}.{} {}", o.kind, o.group, o.name),
+            None => "an object without a controller owner".to_string(),
+        }),
+    }
+}
+
+/// Bytes written into a hasher./// Bytes written into a hasher.
 struct HashWriter<'a>(&'a mut DefaultHasher);
 
 impl std::io::Write for HashWriter<'_> {
@@ -194,6 +253,72 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_mirror_writes_only_over_its_own_artifact() {
+        let git = &StockSource::GIT_REPOSITORY;
+        let own = StoredOwner {
+            group: FLUX_SOURCE_GROUP,
+            kind: "GitRepository",
+            name: "app",
+        };
+        let producer = StoredOwner {
+            group: "sources.example.com",
+            kind: "Web",
+            name: "app",
+        };
+        let other_git = StoredOwner {
+            name: "other",
+            ..own
+        };
+        let bucket = StoredOwner {
+            kind: "Bucket",
+            ..own
+        };
+        let at = |owner, mirrored| Some(StoredArtifact { owner, mirrored });
+        let taken = |s: &Stored| matches!(s, Stored::Taken(_));
+        type Case<'a> = (&'a str, Option<StoredArtifact<'a>>, fn(&Stored) -> bool);
+        let cases: [Case<'_>; 8] = [
+            ("absent", None, |s| *s == Stored::Differs(None)),
+            (
+                "its own, up to date",
+                at(Some(own), Some((7, Some("3")))),
+                |s| *s == Stored::UpToDate,
+            ),
+            ("its own, older", at(Some(own), Some((6, Some("3")))), |s| {
+                *s == Stored::Differs(Some("3".into()))
+            }),
+            (
+                "a producer's, controller owner",
+                at(Some(producer), None),
+                taken,
+            ),
+            ("a producer's, no controller owner", at(None, None), taken),
+            (
+                "another GitRepository's mirror",
+                at(Some(other_git), Some((7, None))),
+                taken,
+            ),
+            (
+                "another kind's mirror",
+                at(Some(bucket), Some((7, None))),
+                taken,
+            ),
+            (
+                "a producer's with a GitRepository's fingerprint",
+                at(Some(producer), Some((7, None))),
+                taken,
+            ),
+        ];
+        for (what, current, expected) in cases {
+            let decided = stored(current, git, "app", 7);
+            assert!(expected(&decided), "{what}: {decided:?}");
+        }
+        let Stored::Taken(whose) = stored(at(Some(producer), None), git, "app", 7) else {
+            unreachable!()
+        };
+        assert_eq!(whose, "Web.sources.example.com app");
     }
 
     /// A GitRepository with an artifact in its status.

@@ -182,7 +182,19 @@ impl EventRecorder {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        let reference = obj.object_ref(&());
+        self.publish_on(obj.object_ref(&()), obj.annotations(), event, alert_target)
+            .await;
+    }
+
+    /// [`Self::publish`] on the object `reference` names (of a kind known
+    /// only at run time), whose annotations are `annotations`.
+    pub async fn publish_on(
+        &self,
+        reference: ObjectReference,
+        annotations: &BTreeMap<String, String>,
+        event: &FluxEvent,
+        alert_target: Option<&ObjectReference>,
+    ) {
         let k8s_event = Event {
             type_: if event.warning {
                 EventType::Warning
@@ -205,7 +217,7 @@ impl EventRecorder {
             let now = Time(k8s_openapi::jiff::Timestamp::now());
             notifier.send(notification(
                 involved,
-                obj.annotations(),
+                annotations,
                 event,
                 &self.reporter,
                 now,
