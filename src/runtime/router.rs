@@ -103,7 +103,10 @@ pub fn route(event: &Event<'_>, index: &OwnerIndex) -> Routed {
             wake: match change {
                 Change::Applied(object) => owners(object).chain(release(object)).collect(),
                 Change::Deleted(object) => owners(object).collect(),
-                Change::Relisted(all) => all.iter().flat_map(|o| owners(o)).collect(),
+                Change::Relisted(all) => all
+                    .iter()
+                    .flat_map(|o| owners(o).chain(release(o)))
+                    .collect(),
             },
         },
     }

@@ -171,6 +171,17 @@ fn routes_every_kind_of_event() {
         Arc::new(export_web.clone()),
         Arc::new(exported("artifact-m1", &[(API_VERSION, KIND, "m1")])),
     ];
+    let terminating = {
+        let mut shadow = exported("web.httpsource", &[(API_VERSION, KIND, "web-latest")]);
+        shadow.types.as_mut().unwrap().kind = "OCIRepository".into();
+        shadow.metadata.labels = Some([(SHADOW_LABEL.to_string(), "true".to_string())].into());
+        shadow.metadata.finalizers = Some(vec!["finalizers.fluxcd.io".into()]);
+        shadow.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        shadow
+    };
+    let terminating_listed = vec![Arc::new(terminating.clone())];
 
     use Change::{Applied, Deleted, Relisted};
     // (what happens, the event, the index change, the wakes, sorted)
@@ -208,6 +219,10 @@ fn routes_every_kind_of_event() {
         ("owners that are not Artifacts of openflux.dev", Event::Exported(Applied(&export_foreign)), "-", ""),
         ("an object two Artifacts own wakes both", Event::Exported(Applied(&export_shared)), "-", "export apps/m1, export apps/m2"),
         ("exported objects listed", Event::Exported(Relisted(&exports)), "-", "export apps/m1, export apps/web-latest"),
+        // A shadow being deleted is released from source-controller's
+        // finalizer, whether its deletion is seen as a change or in a list.
+        ("a shadow being deleted", Event::Exported(Applied(&terminating)), "-", "export apps/web-latest, release OCIRepository apps/web.httpsource"),
+        ("a shadow being deleted, listed", Event::Exported(Relisted(&terminating_listed)), "-", "export apps/web-latest, release OCIRepository apps/web.httpsource"),
     ];
     assert!(rows.len() >= 25, "{} rows", rows.len());
     let index = index();

@@ -36,12 +36,22 @@ impl Controllers {
     /// Takes source-controller's finalizer off a shadow being deleted.
     pub(super) fn release(&mut self, kind: &str, namespace: &str, name: &str) {
         if let Some(served) = self.targets.values().find(|t| t.resource.kind == kind) {
+            let key = ObjectRef::new_with(name, served.resource.clone()).within(namespace);
+            let Some(shadow) = served.exports.get(&key) else {
+                return;
+            };
+            let finalizers = shadow.metadata.finalizers.clone().unwrap_or_default();
             let api = Api::<DynamicObject>::namespaced_with(
                 self.ctx.client.clone(),
                 namespace,
                 &served.resource,
             );
-            self.tasks.spawn(release::release(api, name.to_string()));
+            self.tasks.spawn(release::release(
+                api,
+                name.to_string(),
+                finalizers,
+                self.ctx.retry,
+            ));
         }
     }
 
