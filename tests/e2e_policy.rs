@@ -261,6 +261,79 @@ async fn only_openflux_creates_changes_or_deletes_an_export() {
     }
 }
 
+/// An export the API server refuses (here openflux runs as an identity the
+/// shipped policy does not let write exports: the cluster administrator)
+/// shows on the Artifact: `Ready=False`, reason `ExportFailed`, with the API
+/// server's message, and a Warning Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_export_shows_on_the_artifact() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("policy-refused").await;
+    let n = ns.name().to_string();
+    let _of = Openflux::start_as(
+        &env,
+        &n,
+        &[
+            "--watch-all-namespaces=false",
+            &format!("--namespace={n}"),
+            "--export=external-artifact",
+            &format!("--webhook-addr={}", support::openflux::free_addr()),
+        ],
+        env.kubeconfig.clone(),
+    )
+    .await;
+    let source = env
+        .apply(&json!({
+            "apiVersion": TEST_SOURCE, "kind": "TestSource",
+            "metadata": {"name": "web", "namespace": n}, "spec": {}
+        }))
+        .await
+        .expect("creating the custom source");
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("web"))],
+    );
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": [
+            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web",
+             "uid": source.uid().expect("uid"), "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+    let (status, reason, message) = wait_for("the Artifact's Ready condition", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "web").await?;
+        support::ready_condition(&a)
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ExportFailed"),
+        "{message}"
+    );
+    assert!(
+        message.contains(REFUSED),
+        "the API server's message is not told: {message}"
+    );
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), &n);
+    wait_for("an ExportFailed Event on the Artifact", TIMEOUT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find_map(|e| {
+            let about = e.regarding.as_ref()?.name.as_deref() == Some("web");
+            let warning = e.type_.as_deref() == Some("Warning");
+            (about && warning && e.reason.as_deref() == Some("ExportFailed")).then_some(())
+        })
+    })
+    .await;
+    ns.delete().await;
+}
+
 /// Deleting an Artifact in the foreground deletes its export first, and
 /// orphaning deletion takes the export's ownerReference off: the garbage
 /// collector does both under the policy (otherwise the Artifact would stay,

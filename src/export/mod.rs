@@ -38,8 +38,8 @@ use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retri
 use serde_json::json;
 
 pub use plan::{
-    conflict, desired_status, managed_selector, object_up_to_date, path_from_url, plan,
-    requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
+    conflict, desired_status, failure_message, managed_selector, object_up_to_date, path_from_url,
+    plan, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
@@ -168,6 +168,10 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
+    let failed = |what: &str, error: &Error| {
+        let msg = failure_message(what, &api_message(error));
+        status(false, reason::EXPORT_FAILED, &msg, None)
+    };
     let export_name = locks::read(&ctx.index).export_name(&indexed);
     let namespace = &indexed.key.namespace;
     let uid = artifact.uid().unwrap_or_default();
@@ -184,7 +188,11 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             return Ok(Action::requeue(Duration::from_secs(10)));
         };
         let export = Export::new(ctx, served, namespace, &export_name);
-        let current = export.current().await?;
+        let what = format!("{} {namespace}/{export_name}", served.resource.kind);
+        let current = match export.current().await {
+            Ok(current) => current,
+            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
+        };
         let requested = current
             .as_ref()
             .and_then(|c| requested_at(c).map(str::to_string));
@@ -212,9 +220,16 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                 .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
-        let latest = export.write_object(&plan, current).await?;
-        if export.write_status(&plan, latest.as_ref()).await? {
-            tracing::info!(export = %export_name, kind = target.kind(), revision = %artifact.spec.revision, "exported artifact");
+        let latest = match export.write_object(&plan, current).await {
+            Ok(latest) => latest,
+            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
+        };
+        match export.write_status(&plan, latest.as_ref()).await {
+            Ok(true) => {
+                tracing::info!(export = %export_name, kind = target.kind(), revision = %artifact.spec.revision, "exported artifact")
+            }
+            Ok(false) => {}
+            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
         }
         exported.push(ObjectReference {
             api_version: served.resource.api_version.clone(),
@@ -223,9 +238,13 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             namespace: Some(namespace.to_string()),
         });
     }
-    exporter
+    if let Err(e) = exporter
         .retire(artifact, &uid, namespace, &export_name, &wanted)
-        .await?;
+        .await
+    {
+        let what = format!("an earlier export of this Artifact in {namespace}");
+        return exporter.failed(artifact, &failed(&what, &e), e).await;
+    }
     let kinds: Vec<&str> = exported.iter().map(|e| e.kind.as_str()).collect();
     let msg = format!(
         "exported as {} {namespace}/{export_name} at revision '{}' ({reasons})",
@@ -239,6 +258,17 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         )
         .await?;
     Ok(Action::await_change())
+}
+
+/// What the API server said of a refused request (its message alone), or
+/// the error itself when no answer came.
+fn api_message(error: &Error) -> String {
+    match error {
+        Error::Kube(kube::Error::Api(status)) if !status.message.is_empty() => {
+            status.message.clone()
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The choices behind the targets, for the Artifact's message:
@@ -338,6 +368,24 @@ impl Exporter {
             }
         }
         Ok(())
+    }
+
+    /// An export the API server refused (or that could not be sent): said
+    /// on the Artifact (`Ready=False`, `ExportFailed`, the server's
+    /// message, and the Event a change of `Ready` means) and counted; the
+    /// error goes on to the error policy, which retries with backoff.
+    async fn failed(
+        &self,
+        artifact: &Artifact,
+        status: &ArtifactStatus,
+        error: Error,
+    ) -> Result<Action, Error> {
+        self.ctx.metrics.export_failures.inc();
+        tracing::warn!(%error, "export failed");
+        if let Err(e) = self.set_status(artifact, status.clone()).await {
+            tracing::warn!(error = %e, "cannot say on the Artifact that its export failed");
+        }
+        Err(error)
     }
 
     /// Writes an Artifact's status and, when its `Ready` condition changed,

@@ -164,6 +164,12 @@ pub fn plan(
     })
 }
 
+/// The message of an Artifact whose export failed: what was being written
+/// and what the API server answered.
+pub fn failure_message(what: &str, answer: &str) -> String {
+    format!("writing {what} failed, will retry: {answer}")
+}
+
 /// The path part of `url` (no leading slash, no query), or `<name>.tar.gz`.
 pub fn path_from_url(url: &str, name: &str) -> String {
     let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);

@@ -211,6 +211,8 @@ pub mod reason {
     pub const EXPORT_TARGET_MISSING: &str = "ExportTargetMissing";
     /// The Artifact's writer may not speak for the source it claims.
     pub const UNTRUSTED: &str = "Untrusted";
+    /// The API server refused (or never answered) a write of the export.
+    pub const EXPORT_FAILED: &str = "ExportFailed";
     /// Flux's generic success reason, used on exported objects.
     pub const SUCCEEDED: &str = "Succeeded";
 }

@@ -40,6 +40,19 @@ impl Openflux {
     /// its runtime namespace (`--namespace=`) gets the shipped Roles of
     /// openflux's namespace.
     pub async fn start(env: &Env, name: &str, args: &[&str]) -> Self {
+        let kubeconfig = crate::identity::openflux_kubeconfig(env);
+        Self::start_as(env, name, args, kubeconfig).await
+    }
+
+    /// [`Self::start`] with the kubeconfig `kubeconfig` (`None`: the
+    /// `KUBECONFIG` of the environment): openflux acting as another
+    /// identity, for example one the admission policy does not accept.
+    pub async fn start_as(
+        env: &Env,
+        name: &str,
+        args: &[&str],
+        kubeconfig: Option<PathBuf>,
+    ) -> Self {
         if let Some(ns) = args.iter().find_map(|a| a.strip_prefix("--namespace=")) {
             crate::identity::grant_runtime_namespace(env, ns).await;
         }
@@ -64,7 +77,7 @@ impl Openflux {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        if let Some(kc) = crate::identity::openflux_kubeconfig(env) {
+        if let Some(kc) = kubeconfig {
             cmd.env("KUBECONFIG", kc);
         }
         let child = cmd.spawn().expect("starting openflux");
