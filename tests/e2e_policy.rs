@@ -261,6 +261,124 @@ async fn only_openflux_creates_changes_or_deletes_an_export() {
     }
 }
 
+/// A Role in `ns` letting ServiceAccount `sa_ns`/`sa` do anything with
+/// ExternalArtifacts and OCIRepositories (and their status) in `ns`; the
+/// client acting as it.
+async fn granted(env: &Env, ns: &str, sa_ns: &str, sa: &str) -> kube::Client {
+    let rbac = "rbac.authorization.k8s.io/v1";
+    let role = format!("exports-{sa_ns}-{sa}");
+    for obj in [
+        json!({"apiVersion": rbac, "kind": "Role", "metadata": {"name": role, "namespace": ns},
+               "rules": [{"apiGroups": ["source.toolkit.fluxcd.io"],
+                          "resources": ["externalartifacts", "externalartifacts/status",
+                                        "ocirepositories", "ocirepositories/status"],
+                          "verbs": ["*"]}]}),
+        json!({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": role, "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+               "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]}),
+    ] {
+        env.apply(&obj).await.expect("the grant");
+    }
+    acting_as(env, sa_ns, sa)
+}
+
+/// Who else may touch an export: a controller of kube-system may delete it
+/// or change its metadata (the garbage collector), never its spec, labels
+/// or status; source-controller may change what it writes on a suspended
+/// shadow (its finalizer, conditions) but not the artifact consumers read,
+/// and only the source-controller of the Flux namespace: one of that name
+/// elsewhere is nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_flux_namespaces_source_controller_and_the_garbage_collector_touch_exports() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("policy-who").await;
+    let n = ns.name().to_string();
+    let _of = start(&env, &n, "shadow").await;
+    let (_, export) = exported(&env, &n, "web").await;
+    let name = export.name_any();
+    let kind = "OCIRepository";
+    let pp = PatchParams::default();
+    let forged = json!({"status": {"artifact": {"url": "http://127.0.0.1:1/forged.tar.gz"}}});
+    // A controller of kube-system (RBAC allows it here).
+    let system = granted(&env, &n, "kube-system", "e2e-controller").await;
+    let (api, _) = support::dynamic_api(&system, SOURCE, kind, Some(&n))
+        .await
+        .expect("discovery");
+    wait_for("the kube-system grant to apply", TIMEOUT, || async {
+        api.get(&name).await.ok()
+    })
+    .await;
+    assert_refused(
+        "a kube-system controller writing the export's status.artifact",
+        api.patch_status(&name, &pp, &Patch::Merge(forged.clone()))
+            .await,
+    );
+    assert_refused(
+        "a kube-system controller changing the export's annotations",
+        api.patch(
+            &name,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"annotations": {"x": "y"}}})),
+        )
+        .await,
+    );
+    // A ServiceAccount named source-controller outside the Flux namespace.
+    let impostor = granted(&env, &n, &n, "source-controller").await;
+    let (api, _) = support::dynamic_api(&impostor, SOURCE, kind, Some(&n))
+        .await
+        .expect("discovery");
+    wait_for("the impostor's grant to apply", TIMEOUT, || async {
+        api.get(&name).await.ok()
+    })
+    .await;
+    assert_refused(
+        "a source-controller of another namespace writing the shadow's status",
+        api.patch_status(&name, &pp, &Patch::Merge(forged.clone()))
+            .await,
+    );
+    assert_refused(
+        "a source-controller of another namespace adding a finalizer",
+        api.patch(
+            &name,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/held"]}})),
+        )
+        .await,
+    );
+    // Flux's own source-controller: its conditions yes, the artifact no.
+    let flux = acting_as(&env, "flux-system", "source-controller");
+    let (api, _) = support::dynamic_api(&flux, SOURCE, kind, Some(&n))
+        .await
+        .expect("discovery");
+    assert_refused(
+        "source-controller writing the shadow's status.artifact",
+        api.patch_status(&name, &pp, &Patch::Merge(forged.clone()))
+            .await,
+    );
+    let current = env.find(SOURCE, kind, &n, &name).await.expect("the export");
+    let mut conditions = current.data["status"]["conditions"].clone();
+    if let Some(list) = conditions.as_array_mut() {
+        list.push(
+            json!({"type": "Reconciling", "status": "False", "reason": "Suspended",
+                         "message": "suspended", "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        );
+    }
+    api.patch_status(
+        &name,
+        &pp,
+        &Patch::Merge(json!({"status": {"conditions": conditions}})),
+    )
+    .await
+    .expect("source-controller writing a condition on a suspended shadow");
+    let now = env.find(SOURCE, kind, &n, &name).await.expect("the export");
+    assert_eq!(
+        now.data["status"]["artifact"],
+        export.data["status"]["artifact"]
+    );
+    ns.delete().await;
+}
+
 /// An export the API server refuses (here openflux runs as an identity the
 /// shipped policy does not let write exports: the cluster administrator)
 /// shows on the Artifact: `Ready=False`, reason `ExportFailed`, with the API
