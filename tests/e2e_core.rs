@@ -356,6 +356,62 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     ns.delete().await;
 }
 
+/// The `gotk_reconcile_duration_seconds` series of an Artifact go with it:
+/// one that was exported (its export is collected with it) and one that
+/// never was (nothing else changes when it goes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_of_a_deleted_artifact_are_removed() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("series").await;
+    let n = ns.name().to_string();
+    let of = start_openflux(&env, &n).await;
+    let series = |name: &str| {
+        format!(
+            "gotk_reconcile_duration_seconds_count{{kind=\"Artifact\",name=\"{name}\",namespace=\"{n}\"}}"
+        )
+    };
+    let mut spec = publish(
+        env.fixtures(),
+        &n,
+        "kept",
+        "v1",
+        &[("cm.yaml", &support::configmap_yaml("kept"))],
+    );
+    for name in ["exported", "invalid"] {
+        if name == "invalid" {
+            spec.as_object_mut().map(|s| s.remove("digest"));
+        }
+        env.apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": name, "namespace": n}, "spec": spec,
+        }))
+        .await
+        .expect("writing the Artifact");
+    }
+    for name in ["exported", "invalid"] {
+        wait_for(
+            &format!("the series of Artifact {name}"),
+            TIMEOUT,
+            || async { of.metric(&series(name)).await.map(|_| ()) },
+        )
+        .await;
+    }
+    for name in ["exported", "invalid"] {
+        delete(&env, ARTIFACT, "Artifact", &n, name).await;
+    }
+    for name in ["exported", "invalid"] {
+        wait_for(
+            &format!("the series of Artifact {name} to go"),
+            TIMEOUT,
+            || async { of.metric(&series(name)).await.is_none().then_some(()) },
+        )
+        .await;
+    }
+    drop(of);
+    ns.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_without_digest_says_why_it_is_not_exported() {
     let env = cluster().await;

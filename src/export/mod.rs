@@ -23,8 +23,8 @@ pub mod write;
 use write::Export;
 pub use write::{ExportTarget, ExportTargets};
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -38,8 +38,9 @@ use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retri
 use serde_json::json;
 
 pub use plan::{
-    conflict, desired_status, failure_message, managed_selector, object_up_to_date, path_from_url,
-    plan, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
+    conflict, desired_status, failure_message, former_export_names, managed_selector,
+    object_up_to_date, path_from_url, plan, requested_at, status_up_to_date, ExportPlan,
+    REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
@@ -56,7 +57,14 @@ struct Exporter {
     metrics: ControllerMetrics,
     /// The failures in a row of each Artifact failing now.
     retries: Retries<ObjectRef<Artifact>>,
+    /// The Artifacts whose `gotk_*` series this controller recorded, so the
+    /// series of one that is deleted can be removed.
+    series: Mutex<HashSet<ObjectRef<Artifact>>>,
 }
+
+/// How often the series of Artifacts deleted without a reconcile to tell
+/// (one never exported wakes nothing when it goes) are looked for.
+pub const SERIES_SWEEP: Duration = Duration::from_secs(30);
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
 /// `triggers` names (its own changes, its exported object's changes, a
@@ -72,7 +80,18 @@ pub async fn run(
     // Every trigger comes from the router; the controller's own stream
     // stays empty.
     let nothing = futures::stream::pending::<Result<Artifact, watcher::Error>>();
-    Controller::for_stream_with(nothing, artifacts, ())
+    let exporter = Arc::new(Exporter {
+        retries: Retries::new(ctx.retry),
+        series: Mutex::default(),
+        metrics: ctx
+            .metrics
+            .reconciles
+            .controller(&ControllerId::of::<Artifact>(), concurrency),
+        ctx,
+        targets,
+    });
+    let gone = exporter.clone();
+    let controller = Controller::for_stream_with(nothing, artifacts, ())
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown)
@@ -83,18 +102,28 @@ pub async fn run(
                 tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, retry_in = ?delay, "export reconcile failed");
                 Action::requeue(delay)
             },
-            Arc::new(Exporter {
-                retries: Retries::new(ctx.retry),
-                metrics: ctx
-                    .metrics
-                    .reconciles
-                    .controller(&ControllerId::of::<Artifact>(), concurrency),
-                ctx,
-                targets,
-            }),
+            exporter.clone(),
         )
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        // A wake for an Artifact no longer there (its export was collected
+        // after it): its series go at once.
+        .for_each(move |result| {
+            if let Err(kube::runtime::controller::Error::ObjectNotFound(gone_ref)) = result {
+                if let Some(namespace) = &gone_ref.namespace {
+                    let key = ObjectRef::<Artifact>::new(&gone_ref.name).within(namespace);
+                    gone.forget_series(&key);
+                }
+            }
+            futures::future::ready(())
+        });
+    let sweep = async {
+        let mut tick = tokio::time::interval(SERIES_SWEEP);
+        loop {
+            tick.tick().await;
+            exporter.sweep_series();
+        }
+    };
+    futures::pin_mut!(controller, sweep);
+    futures::future::select(controller, sweep).await;
     tracing::info!("export controller stopped");
 }
 
@@ -109,6 +138,10 @@ async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<A
         .reconcile(ObjectLabels::of(artifact.as_ref()));
     let result = reconcile_inner(&artifact, &exporter).await;
     guard.set_result(reconcile_result(&result));
+    // Recorded once the guard wrote the series (a sweep between the two
+    // finds it on its next pass).
+    drop(guard);
+    locks::lock(&exporter.series).insert(ObjectRef::from(artifact.as_ref()));
     if result.is_ok() {
         exporter
             .retries
@@ -289,6 +322,29 @@ fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
 }
 
 impl Exporter {
+    /// Removes the `gotk_*` series of the Artifact `key` (deleted).
+    fn forget_series(&self, key: &ObjectRef<Artifact>) {
+        if locks::lock(&self.series).remove(key) {
+            self.metrics.delete_object(&ObjectLabels {
+                kind: crate::api::KIND.to_string(),
+                name: key.name.clone(),
+                namespace: key.namespace.clone().unwrap_or_default(),
+            });
+        }
+    }
+
+    /// Removes the series of every recorded Artifact the watch no longer
+    /// holds.
+    fn sweep_series(&self) {
+        let recorded: Vec<ObjectRef<Artifact>> =
+            locks::lock(&self.series).iter().cloned().collect();
+        for key in recorded {
+            if self.ctx.artifacts.get(&key).is_none() {
+                self.forget_series(&key);
+            }
+        }
+    }
+
     /// Hands a reconcile request set on an export (`kubectl annotate` or
     /// Flux's tools, where they point a person) to the custom source that
     /// produced the Artifact, once per value. A failure is logged: the
@@ -343,14 +399,18 @@ impl Exporter {
         name: &str,
         wanted: &BTreeSet<Target>,
     ) -> Result<(), Error> {
+        // Looked up by the names it may have had, not by a scan of every
+        // export: a resync reconciles every Artifact.
+        let names = former_export_names(artifact);
         for (target, served) in &self.targets {
-            let old: Vec<Arc<DynamicObject>> = served
-                .exports
-                .state()
-                .into_iter()
-                .filter(|o| o.namespace().as_deref() == Some(namespace))
+            let old: Vec<Arc<DynamicObject>> = names
+                .iter()
+                .filter(|n| !(wanted.contains(target) && n.as_str() == name))
+                .filter_map(|n| {
+                    let key = ObjectRef::new_with(n, served.resource.clone()).within(namespace);
+                    served.exports.get(&key)
+                })
                 .filter(|o| o.owner_references().iter().any(|r| r.uid == uid))
-                .filter(|o| !(wanted.contains(target) && o.name_any() == name))
                 .collect();
             for object in old {
                 let old_name = object.name_any();

@@ -164,6 +164,36 @@ pub fn plan(
     })
 }
 
+/// Every name `artifact` may have been exported under, by this release or
+/// an earlier one: its source's export and its own (whichever it is now),
+/// the names earlier releases gave both, and the export its status records
+/// (its owner may have changed since). Exports are only ever named so, so
+/// retiring looks these up instead of scanning every export.
+pub fn former_export_names(artifact: &Artifact) -> std::collections::BTreeSet<String> {
+    let name = artifact.name_any();
+    let mut names = std::collections::BTreeSet::from([
+        names::identity::artifact_export_name(&name),
+        names::legacy_artifact_export_name(&name),
+    ]);
+    if let Some(owner) = artifact.controller_owner() {
+        let (group, _) = crate::api::split_api_version(&owner.api_version);
+        names.insert(names::identity::source_export_name(
+            group,
+            &owner.kind,
+            &owner.name,
+        ));
+        names.insert(names::legacy_export_name(&owner.kind, &owner.name));
+    }
+    if let Some(recorded) = artifact
+        .status
+        .as_ref()
+        .and_then(|s| s.exported_ref.as_ref())
+    {
+        names.insert(recorded.name.clone());
+    }
+    names
+}
+
 /// The message of an Artifact whose export failed: what was being written
 /// and what the API server answered.
 pub fn failure_message(what: &str, answer: &str) -> String {
@@ -344,6 +374,35 @@ mod tests {
             }]);
         }
         a
+    }
+
+    #[test]
+    fn the_names_an_artifact_may_have_been_exported_under() {
+        let mut owned = artifact(true, Some("sha256:abc"));
+        owned.status = Some(crate::api::ArtifactStatus {
+            exported_ref: Some(crate::api::ObjectReference {
+                api_version: "source.toolkit.fluxcd.io/v1".into(),
+                kind: "ExternalArtifact".into(),
+                name: "web.oldkind.sources.openflux.dev".into(),
+                namespace: Some("apps".into()),
+            }),
+            ..Default::default()
+        });
+        let names: Vec<String> = former_export_names(&owned).into_iter().collect();
+        assert_eq!(
+            names,
+            [
+                "artifact-web",
+                "httpsource-web",
+                "web.artifact.openflux.dev",
+                "web.httpsource.sources.openflux.dev",
+                "web.oldkind.sources.openflux.dev",
+            ]
+        );
+        let standalone: Vec<String> = former_export_names(&artifact(false, None))
+            .into_iter()
+            .collect();
+        assert_eq!(standalone, ["artifact-web", "web.artifact.openflux.dev"]);
     }
 
     #[test]
