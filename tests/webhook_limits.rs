@@ -163,8 +163,9 @@ async fn generated_reviews_over_https_are_each_answered() {
     for i in 0..400 {
         let body = reviews::body(&mut rng, 256 * 1024);
         let len = body.len();
-        let (status, answer) = post(&mut sender, Body::from(body), Some(len)).await;
-        let kind = reviews::check(status, &answer).unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let (status, answer) = post(&mut sender, Body::from(body.clone()), Some(len)).await;
+        let kind =
+            reviews::check(&body, status, &answer).unwrap_or_else(|e| panic!("request {i}: {e}"));
         *seen.entry(kind).or_insert(0) += 1;
         if status == 400 {
             // The server may close after an error: take a fresh connection.
@@ -206,8 +207,12 @@ fn chaos_short_pass_through_the_decision_path() {
             Ok(review) => review.clone(),
             Err(message) => message.clone().into_bytes(),
         };
-        let kind = reviews::check(answered.status.as_u16(), &bytes)
-            .unwrap_or_else(|e| panic!("review {i}: {e}"));
+        let kind = reviews::check(&body, answered.status.as_u16(), &bytes).unwrap_or_else(|e| {
+            panic!(
+                "review {i}: {e}\n{}",
+                String::from_utf8_lossy(&body[..body.len().min(600)])
+            )
+        });
         *seen.entry(kind).or_insert(0u64) += 1;
     }
     assert_eq!(seen.len(), 3, "allowed, denied and 400 all seen: {seen:?}");
@@ -260,4 +265,50 @@ fn all_external_artifact() -> openflux::cluster::facts::Facts {
         openflux::cluster::target::Target::ExternalArtifact,
         &[],
     )
+}
+
+/// The oracle refuses answers that do not answer the request: another uid,
+/// or a patch that does not apply to the object sent.
+#[test]
+fn the_oracle_refuses_answers_to_another_request_and_patches_that_do_not_apply() {
+    use base64::Engine as _;
+    let request = serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": "CREATE",
+                    "object": {"metadata": {"name": "a"}, "spec": {"sourceRef": {"kind": "X"}}}}
+    }))
+    .unwrap();
+    let answer = |uid: &str, patch: Option<serde_json::Value>| {
+        let mut response = serde_json::json!({"uid": uid, "allowed": true});
+        if let Some(patch) = patch {
+            let text = serde_json::to_vec(&patch).unwrap();
+            response["patchType"] = serde_json::json!("JSONPatch");
+            response["patch"] =
+                serde_json::json!(base64::engine::general_purpose::STANDARD.encode(text));
+        }
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response
+        }))
+        .unwrap()
+    };
+    let fits = serde_json::json!([{"op": "replace", "path": "/spec/sourceRef/kind", "value": "Y"}]);
+    let misses =
+        serde_json::json!([{"op": "replace", "path": "/spec/chartRef/kind", "value": "Y"}]);
+    assert_eq!(
+        reviews::check(&request, 200, &answer("u-1", None)),
+        Ok("allowed")
+    );
+    assert_eq!(
+        reviews::check(&request, 200, &answer("u-1", Some(fits))),
+        Ok("allowed")
+    );
+    assert!(
+        reviews::check(&request, 200, &answer("someone-else", None)).is_err(),
+        "an answer with another request's uid was accepted"
+    );
+    assert!(
+        reviews::check(&request, 200, &answer("u-1", Some(misses))).is_err(),
+        "a patch that does not apply was accepted"
+    );
+    assert_eq!(reviews::check(&request, 400, b"bad"), Ok("400"));
 }

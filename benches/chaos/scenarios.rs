@@ -56,7 +56,7 @@ pub async fn reviews(options: &Options) -> anyhow::Result<Vec<Row>> {
             Ok(review) => review.clone(),
             Err(message) => message.clone().into_bytes(),
         };
-        match reviews::check(answered.status.as_u16(), &text) {
+        match reviews::check(&body, answered.status.as_u16(), &text) {
             Ok(kind) => *kinds.entry(kind).or_default() += 1,
             Err(_) => bad += 1,
         }
@@ -119,8 +119,8 @@ pub async fn reviews(options: &Options) -> anyhow::Result<Vec<Row>> {
     let (mut failed, mut wrong) = (0u64, 0u64);
     for _ in 0..sample {
         let body = reviews::body(&mut rng, 512 * 1024);
-        match client::post_once(&load, Bytes::from(body)).await {
-            Ok((status, text)) if reviews::check(status, &text).is_ok() => {}
+        match client::post_once(&load, Bytes::from(body.clone())).await {
+            Ok((status, text)) if reviews::check(&body, status, &text).is_ok() => {}
             Ok(_) => wrong += 1,
             Err(_) => failed += 1,
         }

@@ -77,6 +77,7 @@ const CONSUMERS: &[(&str, &str, &str)] = &[
         "artifactgenerators",
         "ArtifactGenerator",
     ),
+    ("openflux.dev", "artifacts", "Artifact"),
     ("", "pods", "Pod"),
 ];
 
@@ -112,6 +113,10 @@ pub fn valid(rng: &mut Rng) -> Value {
             {"alias": "one", "kind": "HttpSource", "name": "web"},
             {"alias": "two", "kind": "GitRepository", "name": "repo"}
         ]}),
+        "Artifact" => {
+            json!({"url": "http://127.0.0.1:1/a.tar.gz", "revision": *rng.pick(&["v1", "v2"]),
+                             "digest": "sha256:00"})
+        }
         _ => json!({"containers": []}),
     };
     let operation = *rng.pick(&["CREATE", "UPDATE", "DELETE", "CONNECT"]);
@@ -233,9 +238,10 @@ pub fn body(rng: &mut Rng, max: usize) -> Vec<u8> {
     bytes[..bytes.len().min(max)].to_vec()
 }
 
-/// What an answer must be: an AdmissionReview with the request's uid that
-/// allows or refuses, or a plain 400.
-pub fn check(status: u16, body: &[u8]) -> Result<&'static str, String> {
+/// What an answer to `request` (the body sent) must be: a plain 400, or an
+/// AdmissionReview that allows or refuses, echoes the request's uid, and
+/// whose patch, if any, is a JSON patch that applies to the object sent.
+pub fn check(request: &[u8], status: u16, body: &[u8]) -> Result<&'static str, String> {
     if status == 400 {
         return Ok("400");
     }
@@ -245,6 +251,44 @@ pub fn check(status: u16, body: &[u8]) -> Result<&'static str, String> {
     let review: Value =
         serde_json::from_slice(body).map_err(|e| format!("answer is not JSON: {e}"))?;
     let response = &review["response"];
+    // A request serde_json cannot read (nested deeper than its limit, where
+    // openflux skips what it does not read) is checked on its text: the uid
+    // must be the one it carries, the patch must at least be a JSON patch.
+    let sent: Option<Value> = serde_json::from_slice(request).ok();
+    let sent = sent.as_ref().map(|r| &r["request"]);
+    let Some(uid) = response["uid"].as_str() else {
+        return Err(format!("no uid in {review}"));
+    };
+    match sent.map(|r| r["uid"].as_str()) {
+        Some(Some(expected)) if uid != expected => {
+            return Err(format!("uid {uid:?} answers request {expected:?}"));
+        }
+        Some(_) => {}
+        None => {
+            let quoted = serde_json::to_string(uid).unwrap_or_default();
+            let text = String::from_utf8_lossy(request);
+            if !text.contains(&format!("\"uid\":{quoted}")) {
+                return Err(format!("uid {uid:?} is not the request's"));
+            }
+        }
+    }
+    if let Some(patch) = response.get("patch").filter(|p| !p.is_null()) {
+        if response["patchType"] != "JSONPatch" {
+            return Err(format!("a patch without patchType JSONPatch: {review}"));
+        }
+        use base64::Engine as _;
+        let bytes = patch
+            .as_str()
+            .and_then(|p| base64::engine::general_purpose::STANDARD.decode(p).ok())
+            .ok_or_else(|| format!("the patch is not base64: {patch}"))?;
+        let ops: json_patch::Patch = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("the patch is not a JSON patch: {e}"))?;
+        if let Some(sent) = sent {
+            let mut object = sent["object"].clone();
+            json_patch::patch(&mut object, &ops)
+                .map_err(|e| format!("the patch does not apply to the object: {e}"))?;
+        }
+    }
     match response["allowed"].as_bool() {
         Some(true) => Ok("allowed"),
         Some(false) => Ok("denied"),
