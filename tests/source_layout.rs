@@ -70,6 +70,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("mirror", Layer::Shell),
     ("export", Layer::Shell),
     ("export::verify", Layer::Shell),
+    ("export::census", Layer::Shell),
     ("export::write", Layer::Shell),
     ("export::release", Layer::Shell),
     ("adopt", Layer::Shell),

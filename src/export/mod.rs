@@ -12,6 +12,7 @@
 //! deleted. [`plan`] decides; this module runs the controller that writes
 //! what it decided.
 
+pub mod census;
 mod events;
 pub mod plan;
 pub mod release;

@@ -109,6 +109,9 @@ where
     });
 
     let artifacts = Writer::<Artifact>::default();
+    crate::locks::lock(&shared.registry).register_collector(Box::new(
+        crate::export::census::Census::new(artifacts.as_reader()),
+    ));
     let ctx = Arc::new(Context {
         client: client.clone(),
         artifacts: artifacts.as_reader(),
