@@ -14,6 +14,7 @@ use support::exports::{reference_to, source_revision, wait_export};
 use support::identity::acting_as;
 use support::openflux::publish;
 use support::webhook::openflux_with_webhook;
+use support::writers::{self, Written};
 use support::{cluster, field, ready_condition, wait_for, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
@@ -41,30 +42,6 @@ async fn install(env: &Env, extra: &[(&str, &str)]) {
     }
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     support::wait_established(env, &names).await;
-}
-
-/// A custom source `name` in `ns`; returns its uid.
-async fn test_source(env: &Env, ns: &str, name: &str) -> String {
-    let source = env
-        .apply(&json!({
-            "apiVersion": TEST_SOURCE, "kind": "TestSource",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"anything": "goes"}
-        }))
-        .await
-        .expect("creating the custom source");
-    source.uid().expect("uid")
-}
-
-/// Artifact `name` in `ns` with `spec`, owned (as controller) by TestSource
-/// `source` whose uid is `uid`.
-fn owned_artifact(ns: &str, name: &str, source: &str, uid: &str, spec: &Value) -> Value {
-    json!({
-        "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": name, "namespace": ns, "ownerReferences": [
-            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": source, "uid": uid, "controller": true}]},
-        "spec": spec,
-    })
 }
 
 fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
@@ -134,7 +111,7 @@ async fn open_flux_artifacts_reach_an_unchanged_kustomization() {
         ("openfluxcd.ocm.software", "web", Some(true)),
         ("openfluxcd.mandelsoft.org", "old", None),
     ] {
-        let uid = test_source(&env, &n, source).await;
+        let uid = writers::test_source(&env, TEST_GROUP, &n, source).await;
         let mut spec = publish(
             env.fixtures(),
             &n,
@@ -203,7 +180,7 @@ async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
     let ns = env.namespace("pulumi").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    let uid = test_source(&env, &n, "infra").await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "infra").await;
     let spec = publish(
         env.fixtures(),
         &n,
@@ -211,9 +188,11 @@ async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
         "v7",
         &[("Pulumi.yaml", "name: infra\n")],
     );
-    env.apply(&owned_artifact(&n, "infra", "infra", &uid, &spec))
-        .await
-        .expect("writing the Artifact");
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, &n, "infra", "infra", &uid, &spec,
+    ))
+    .await
+    .expect("writing the Artifact");
     let stack = json!({
         "apiVersion": "pulumi.com/v1", "kind": "Stack",
         "metadata": {"name": "infra", "namespace": n},
@@ -274,7 +253,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     install(&env, &[]).await;
     let ns = env.namespace("migrate").await;
     let n = ns.name().to_string();
-    let uid = test_source(&env, &n, "web").await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
     let spec = publish(
         env.fixtures(),
         &n,
@@ -283,7 +262,9 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         &[("configmap.yaml", &support::configmap_yaml("migrated"))],
     );
     let artifact = env
-        .apply(&owned_artifact(&n, "web", "web", &uid, &spec))
+        .apply(&writers::owned_artifact(
+            TEST_GROUP, &n, "web", "web", &uid, &spec,
+        ))
         .await
         .expect("writing the Artifact");
     // What an earlier release left: its export (which only openflux may
@@ -323,7 +304,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     assert!(refused.contains("write the Artifact again"), "{refused}");
     // The producer's next revision (a label alone would not record a
     // writer: it does not change what is exported).
-    let mut again = owned_artifact(&n, "web", "web", &uid, &spec);
+    let mut again = writers::owned_artifact(TEST_GROUP, &n, "web", "web", &uid, &spec);
     again["spec"]["lastUpdateTime"] = json!("2026-01-02T00:00:00Z");
     again["metadata"]["labels"] = json!({"e2e.openflux.dev/written": "again"});
     env.apply(&again).await.expect("the producer's next write");
@@ -363,7 +344,7 @@ async fn flux_trace_names_the_custom_source() {
     let ns = env.namespace("trace").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    let uid = test_source(&env, &n, "web").await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
     let spec = publish(
         env.fixtures(),
         &n,
@@ -371,9 +352,11 @@ async fn flux_trace_names_the_custom_source() {
         "v3",
         &[("configmap.yaml", &support::configmap_yaml("traced"))],
     );
-    env.apply(&owned_artifact(&n, "web", "web", &uid, &spec))
-        .await
-        .expect("writing the Artifact");
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, &n, "web", "web", &uid, &spec,
+    ))
+    .await
+    .expect("writing the Artifact");
     env.apply(&kustomization(
         &n,
         "web",
@@ -406,66 +389,6 @@ async fn flux_trace_names_the_custom_source() {
     ns.delete().await;
 }
 
-/// ServiceAccounts `intruder`, who may write Artifacts in `ns`, and
-/// `producer`, who may also update the status of TestSources (as a source's
-/// controller may).
-async fn intruder_and_producer(env: &Env, ns: &str) {
-    let artifacts_rule = json!({"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
-                               "verbs": ["get", "list", "create", "patch", "update"]});
-    let status_rule = json!({"apiGroups": [TEST_GROUP], "resources": ["testsources/status"],
-                            "verbs": ["update", "patch"]});
-    let rbac = "rbac.authorization.k8s.io/v1";
-    for (who, rules) in [
-        ("intruder", json!([artifacts_rule])),
-        ("producer", json!([artifacts_rule, status_rule])),
-    ] {
-        for obj in [
-            json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                   "metadata": {"name": who, "namespace": ns}}),
-            json!({"apiVersion": rbac, "kind": "Role",
-                   "metadata": {"name": who, "namespace": ns}, "rules": rules}),
-            json!({"apiVersion": rbac, "kind": "RoleBinding",
-                   "metadata": {"name": who, "namespace": ns},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
-                   "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": ns}]}),
-        ] {
-            env.apply(&obj).await.expect("the writers' RBAC");
-        }
-    }
-}
-
-/// ServiceAccount `who` writes Artifact `name` for TestSource `source`
-/// (uid `uid`), carrying a ConfigMap whose value is `who`, with `labels`.
-async fn write_as(
-    env: &Env,
-    ns: &str,
-    who: &str,
-    name: &str,
-    source: &str,
-    uid: &str,
-    labels: Option<Value>,
-) {
-    let spec = publish(
-        env.fixtures(),
-        ns,
-        name,
-        "v1",
-        &[("configmap.yaml", &support::configmap_yaml(who))],
-    );
-    let mut artifact = owned_artifact(ns, name, source, uid, &spec);
-    if let Some(labels) = labels {
-        artifact["metadata"]["labels"] = labels;
-    }
-    let client = acting_as(env, ns, who);
-    // RBAC bindings take a moment to apply: retry until written.
-    wait_for(&format!("{who} to write Artifact {name}"), TIMEOUT, || {
-        let client = client.clone();
-        let artifact = artifact.clone();
-        async move { support::apply(&client, &artifact).await.ok() }
-    })
-    .await;
-}
-
 /// An Artifact counts for a source only when its writer may update that
 /// source's status: one written by an identity that may write Artifacts but
 /// not speak for the source is not exported, and says why; the source's own
@@ -477,10 +400,22 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
     let ns = env.namespace("trust").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    intruder_and_producer(&env, &n).await;
+    writers::intruder_and_producer(&env, TEST_GROUP, &n).await;
     for (who, source) in [("intruder", "victim"), ("producer", "own")] {
-        let uid = test_source(&env, &n, source).await;
-        write_as(&env, &n, who, source, source, &uid, None).await;
+        let uid = writers::test_source(&env, TEST_GROUP, &n, source).await;
+        writers::write_as(
+            &env,
+            &n,
+            who,
+            Written {
+                group: TEST_GROUP,
+                name: source,
+                source: source,
+                uid: &uid,
+                labels: None,
+            },
+        )
+        .await;
     }
     let untrusted = wait_for("the intruder's Artifact to be refused", TIMEOUT, || async {
         let a = env.find(ARTIFACT, "Artifact", &n, "victim").await?;
@@ -536,9 +471,21 @@ async fn labelling_a_refused_artifact_does_not_make_it_the_labellers() {
     let ns = env.namespace("trust-label").await;
     let n = ns.name().to_string();
     let (of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    intruder_and_producer(&env, &n).await;
-    let uid = test_source(&env, &n, "victim").await;
-    write_as(&env, &n, "intruder", "victim", "victim", &uid, None).await;
+    writers::intruder_and_producer(&env, TEST_GROUP, &n).await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "victim").await;
+    writers::write_as(
+        &env,
+        &n,
+        "intruder",
+        Written {
+            group: TEST_GROUP,
+            name: "victim",
+            source: "victim",
+            uid: &uid,
+            labels: None,
+        },
+    )
+    .await;
     let intruder = format!("system:serviceaccount:{n}:intruder");
     wait_for("the tenant's Artifact to be refused", TIMEOUT, || async {
         let a = env.find(ARTIFACT, "Artifact", &n, "victim").await?;
@@ -622,16 +569,40 @@ async fn a_forged_default_artifact_does_not_block_the_sources_own() {
     let ns = env.namespace("forged-default").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
-    intruder_and_producer(&env, &n).await;
-    let uid = test_source(&env, &n, "app").await;
+    writers::intruder_and_producer(&env, TEST_GROUP, &n).await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "app").await;
     let default = json!({"openflux.dev/default-artifact": "true"});
-    write_as(&env, &n, "intruder", "forged", "app", &uid, Some(default)).await;
+    writers::write_as(
+        &env,
+        &n,
+        "intruder",
+        Written {
+            group: TEST_GROUP,
+            name: "forged",
+            source: "app",
+            uid: &uid,
+            labels: Some(default),
+        },
+    )
+    .await;
     wait_for("the forged Artifact to be refused", TIMEOUT, || async {
         let a = env.find(ARTIFACT, "Artifact", &n, "forged").await?;
         (ready_condition(&a)?.1 == "Untrusted").then_some(())
     })
     .await;
-    write_as(&env, &n, "producer", "app", "app", &uid, None).await;
+    writers::write_as(
+        &env,
+        &n,
+        "producer",
+        Written {
+            group: TEST_GROUP,
+            name: "app",
+            source: "app",
+            uid: &uid,
+            labels: None,
+        },
+    )
+    .await;
     let source_export = format!("app.testsource.{TEST_GROUP}");
     let (_, export) = wait_export(&env, &n, "app", |e| e.name_any() == source_export).await;
     env.apply(&kustomization(

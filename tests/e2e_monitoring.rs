@@ -17,9 +17,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
-use support::identity::acting_as;
 use support::openflux::publish;
 use support::webhook::openflux_with_webhook;
+use support::writers::{self, Written};
 use support::{cluster, unique_name, wait_for, Env, TIMEOUT};
 
 const ALERTS: &str = include_str!("../manifests/monitoring/alerts.yaml");
@@ -296,9 +296,21 @@ async fn the_dashboard_and_the_alerts_read_what_openflux_exports() {
     .expect("creating the conflicting GitRepository");
     // ... a custom source whose own controller publishes it, a consumer
     // rewritten to it, a reference openflux denies ...
-    writers(&env, &n).await;
-    let own = test_source(&env, &n, "own").await;
-    write_as(&env, &n, "producer", "own", &own).await;
+    writers::intruder_and_producer(&env, TEST_GROUP, &n).await;
+    let own = writers::test_source(&env, TEST_GROUP, &n, "own").await;
+    writers::write_as(
+        &env,
+        &n,
+        "producer",
+        Written {
+            group: TEST_GROUP,
+            name: "own",
+            source: "own",
+            uid: &own,
+            labels: None,
+        },
+    )
+    .await;
     env.apply(&kustomization(
         &n,
         "app",
@@ -318,8 +330,20 @@ async fn the_dashboard_and_the_alerts_read_what_openflux_exports() {
         "a reference to a kind nobody serves is denied"
     );
     // ... and an Artifact from a writer that may not speak for its source.
-    let victim = test_source(&env, &n, "victim").await;
-    write_as(&env, &n, "intruder", "victim", &victim).await;
+    let victim = writers::test_source(&env, TEST_GROUP, &n, "victim").await;
+    writers::write_as(
+        &env,
+        &n,
+        "intruder",
+        Written {
+            group: TEST_GROUP,
+            name: "victim",
+            source: "victim",
+            uid: &victim,
+            labels: None,
+        },
+    )
+    .await;
 
     let dir = tempfile::tempdir().unwrap();
     let rules = rule_file(dir.path());
@@ -362,72 +386,10 @@ async fn install(env: &Env) {
     .await;
 }
 
-/// A custom source `name` in `ns`; returns its uid.
-async fn test_source(env: &Env, ns: &str, name: &str) -> String {
-    let source = env
-        .apply(&json!({
-            "apiVersion": TEST_SOURCE, "kind": "TestSource",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"anything": "goes"}
-        }))
-        .await
-        .expect("creating the custom source");
-    source.metadata.uid.expect("uid")
-}
-
 fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
     json!({
         "apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"interval": "10m", "path": "./", "prune": true, "sourceRef": source_ref},
     })
-}
-
-/// ServiceAccounts `intruder` (may write Artifacts) and `producer` (may
-/// also update TestSources' status, as a source's controller may).
-async fn writers(env: &Env, ns: &str) {
-    let artifacts = json!({"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
-                           "verbs": ["get", "list", "create", "patch", "update"]});
-    let status = json!({"apiGroups": [TEST_GROUP], "resources": ["testsources/status"],
-                        "verbs": ["update", "patch"]});
-    for (who, rules) in [
-        ("intruder", json!([artifacts])),
-        ("producer", json!([artifacts, status])),
-    ] {
-        let rbac = "rbac.authorization.k8s.io/v1";
-        for obj in [
-            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": who, "namespace": ns}}),
-            json!({"apiVersion": rbac, "kind": "Role", "metadata": {"name": who, "namespace": ns}, "rules": rules}),
-            json!({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": who, "namespace": ns},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": who},
-                   "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": ns}]}),
-        ] {
-            env.apply(&obj).await.expect("the writers' RBAC");
-        }
-    }
-}
-
-/// ServiceAccount `who` writes Artifact `name` for TestSource `name`.
-async fn write_as(env: &Env, ns: &str, who: &str, name: &str, uid: &str) {
-    let spec = publish(
-        env.fixtures(),
-        ns,
-        name,
-        "v1",
-        &[("cm.yaml", &support::configmap_yaml(who))],
-    );
-    let artifact = json!({
-        "apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact",
-        "metadata": {"name": name, "namespace": ns, "ownerReferences": [
-            {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": name, "uid": uid, "controller": true}]},
-        "spec": spec,
-    });
-    let client = acting_as(env, ns, who);
-    // RBAC bindings take a moment to apply: retry until written.
-    wait_for(&format!("{who} to write Artifact {name}"), TIMEOUT, || {
-        let client = client.clone();
-        let artifact = artifact.clone();
-        async move { support::apply(&client, &artifact).await.ok() }
-    })
-    .await;
 }

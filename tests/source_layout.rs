@@ -73,6 +73,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("export::census", Layer::Shell),
     ("export::write", Layer::Shell),
     ("export::release", Layer::Shell),
+    ("export::request", Layer::Shell),
+    ("export::series", Layer::Shell),
     ("adopt", Layer::Shell),
     ("certs", Layer::Shell),
     ("certs::keeper", Layer::Shell),
@@ -193,6 +195,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("openflux", Layer::Shell),
     ("webhook", Layer::Shell),
     ("exports", Layer::Shell),
+    ("writers", Layer::Shell),
     ("cells", Layer::Shell),
 ];
 

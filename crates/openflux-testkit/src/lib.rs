@@ -31,6 +31,7 @@ pub mod openflux;
 pub mod references;
 mod wait;
 pub mod webhook;
+pub mod writers;
 
 pub use cells::{cell, set_feature_gates, Cell};
 pub use fixtures::{Fixtures, GitRepo, FIXTURE_VARIABLES};
