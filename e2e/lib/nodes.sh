@@ -36,6 +36,7 @@ NODES_CLUSTER_DOMAIN=cluster.local
 # The Debian packages a node needs (installed by nodes_packages).
 NODES_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack docker-registry skopeo)
 NODES_CNI_BIN=/usr/lib/cni
+NODES_SKOPEO_CONF=/etc/containers/registries.conf.d/openflux-e2e-nodes.conf
 
 nodes_ports() {
   local base=$1
@@ -265,6 +266,13 @@ storage:
 http:
   addr: $REGISTRY
 EOF
+  # The registry has no TLS: skopeo is told so as a user tells it, in a
+  # registries.conf drop-in (removed by `down`), so the README's commands
+  # push to it unchanged.
+  mkdir -p "$(dirname "$NODES_SKOPEO_CONF")"
+  printf '# the openflux e2e nodes cell (%s)\n[[registry]]\nlocation = "%s"\ninsecure = true\n' \
+    "$STATE" "$REGISTRY" >"$NODES_SKOPEO_CONF"
+  echo "$NODES_SKOPEO_CONF" >"$STATE/nodes/skopeo-conf"
   start_extra_process registry "$(command -v docker-registry)" serve "$STATE/registry/config.yml"
   wait_extra registry docker-registry "the registry on $REGISTRY" curl -fsS "http://$REGISTRY/v2/"
   oci_image_archive "$STATE/registry/pause.oci.tar" pause "$PAUSE_IMAGE" "$BIN_DIR/pause" /pause 65535:65535
@@ -718,6 +726,10 @@ nodes_down() {
   if [ -d /var/log/containers ]; then
     find /var/log/containers -maxdepth 1 -type l -lname "$STATE/*" -delete 2>/dev/null || true
     [ -f "$STATE/nodes/created-var-log-containers" ] && rmdir /var/log/containers 2>/dev/null || true
+  fi
+  if [ -f "$STATE/nodes/skopeo-conf" ]; then
+    rm -f "$(cat "$STATE/nodes/skopeo-conf")"
+    rm -f "$STATE/nodes/skopeo-conf"
   fi
   if [ -f "$STATE/nodes/bridge" ]; then
     ip link del "$(cat "$STATE/nodes/bridge")" 2>/dev/null || true

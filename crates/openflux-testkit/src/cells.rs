@@ -30,6 +30,11 @@ pub enum Cell {
     CurrentExternalArtifact,
     /// The Flux 2.7 line with Flux's default flags (no feature gates).
     Flux27Default,
+    /// Real nodes (kubelet, containerd, runc) on the local control plane,
+    /// Flux installed as Pods as `flux install` lays it out
+    /// (`e2e/lib/nodes.sh`); not part of [`Cell::ALL`]: its tests install
+    /// openflux as a user does ([`crate::nodes`]).
+    Nodes,
 }
 
 impl Cell {
@@ -47,6 +52,7 @@ impl Cell {
             Cell::Main => "main",
             Cell::CurrentExternalArtifact => "current-external-artifact",
             Cell::Flux27Default => "flux27-default",
+            Cell::Nodes => "nodes",
         }
     }
 }

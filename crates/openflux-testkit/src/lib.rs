@@ -26,6 +26,7 @@ pub mod exports;
 pub mod fixtures;
 pub mod identity;
 mod namespace;
+pub mod nodes;
 mod objects;
 pub mod openflux;
 pub mod references;
