@@ -16,27 +16,28 @@ pub mod census;
 mod events;
 pub mod plan;
 pub mod release;
+mod request;
+mod series;
 pub mod shadow;
 pub mod trust;
 pub mod verify;
 pub mod write;
 
+use series::{Series, SERIES_SWEEP};
 use write::Export;
 pub use write::{ExportTarget, ExportTargets};
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::Patch;
 use kube::core::DynamicObject;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
-use serde_json::json;
 
 pub use plan::{
     conflict, desired_status, failure_message, former_export_names, managed_selector,
@@ -46,7 +47,7 @@ pub use plan::{
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
-use crate::context::{hash_of, ready, reconcile_result, Context, Error};
+use crate::context::{ready, reconcile_result, Context, Error};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
 use crate::locks;
@@ -58,14 +59,9 @@ struct Exporter {
     metrics: ControllerMetrics,
     /// The failures in a row of each Artifact failing now.
     retries: Retries<ObjectRef<Artifact>>,
-    /// The Artifacts whose `gotk_*` series this controller recorded, so the
-    /// series of one that is deleted can be removed.
-    series: Mutex<HashSet<ObjectRef<Artifact>>>,
+    /// The Artifacts whose `gotk_*` series this controller recorded.
+    series: Series,
 }
-
-/// How often the series of Artifacts deleted without a reconcile to tell
-/// (one never exported wakes nothing when it goes) are looked for.
-pub const SERIES_SWEEP: Duration = Duration::from_secs(30);
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
 /// `triggers` names (its own changes, its exported object's changes, a
@@ -83,7 +79,7 @@ pub async fn run(
     let nothing = futures::stream::pending::<Result<Artifact, watcher::Error>>();
     let exporter = Arc::new(Exporter {
         retries: Retries::new(ctx.retry),
-        series: Mutex::default(),
+        series: Series::default(),
         metrics: ctx
             .metrics
             .reconciles
@@ -111,7 +107,7 @@ pub async fn run(
             if let Err(kube::runtime::controller::Error::ObjectNotFound(gone_ref)) = result {
                 if let Some(namespace) = &gone_ref.namespace {
                     let key = ObjectRef::<Artifact>::new(&gone_ref.name).within(namespace);
-                    gone.forget_series(&key);
+                    gone.series.forget(&key, &gone.metrics);
                 }
             }
             futures::future::ready(())
@@ -120,7 +116,9 @@ pub async fn run(
         let mut tick = tokio::time::interval(SERIES_SWEEP);
         loop {
             tick.tick().await;
-            exporter.sweep_series();
+            exporter
+                .series
+                .sweep(&exporter.ctx.artifacts, &exporter.metrics);
         }
     };
     futures::pin_mut!(controller, sweep);
@@ -142,7 +140,7 @@ async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<A
     // Recorded once the guard wrote the series (a sweep between the two
     // finds it on its next pass).
     drop(guard);
-    locks::lock(&exporter.series).insert(ObjectRef::from(artifact.as_ref()));
+    exporter.series.record(ObjectRef::from(artifact.as_ref()));
     if result.is_ok() {
         exporter
             .retries
@@ -231,7 +229,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             .as_ref()
             .and_then(|c| requested_at(c).map(str::to_string));
         if let Some(requested) = &requested {
-            exporter.forward_request(artifact, requested).await;
+            request::forward(ctx, artifact, requested).await;
         }
         let plan = match plan(artifact, &export_name, *target, &served.resource) {
             Ok(p) => ExportPlan {
@@ -323,72 +321,6 @@ fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
 }
 
 impl Exporter {
-    /// Removes the `gotk_*` series of the Artifact `key` (deleted).
-    fn forget_series(&self, key: &ObjectRef<Artifact>) {
-        if locks::lock(&self.series).remove(key) {
-            self.metrics.delete_object(&ObjectLabels {
-                kind: crate::api::KIND.to_string(),
-                name: key.name.clone(),
-                namespace: key.namespace.clone().unwrap_or_default(),
-            });
-        }
-    }
-
-    /// Removes the series of every recorded Artifact the watch no longer
-    /// holds.
-    fn sweep_series(&self) {
-        let recorded: Vec<ObjectRef<Artifact>> =
-            locks::lock(&self.series).iter().cloned().collect();
-        for key in recorded {
-            if self.ctx.artifacts.get(&key).is_none() {
-                self.forget_series(&key);
-            }
-        }
-    }
-
-    /// Hands a reconcile request set on an export (`kubectl annotate` or
-    /// Flux's tools, where they point a person) to the custom source that
-    /// produced the Artifact, once per value. A failure is logged: the
-    /// request is a hint, the export stays correct without it.
-    async fn forward_request(&self, artifact: &Artifact, requested: &str) {
-        let Some(owner) = artifact.controller_owner() else {
-            return;
-        };
-        let namespace = artifact.namespace().unwrap_or_default();
-        let key = format!("request/{namespace}/{}/{}", owner.kind, owner.name);
-        let hash = hash_of(&requested).unwrap_or_default();
-        if self.ctx.memo.already_written(&key, Some(requested), hash) {
-            return;
-        }
-        let (group, version) = crate::api::split_api_version(&owner.api_version);
-        let gvk = kube::core::GroupVersionKind::gvk(group, version, &owner.kind);
-        let patch = json!({ "metadata": { "annotations": { REQUESTED_AT: requested } } });
-        let result = async {
-            let (resource, _) = kube::discovery::pinned_kind(&self.ctx.client, &gvk).await?;
-            let api = Api::<DynamicObject>::namespaced_with(
-                self.ctx.client.clone(),
-                &namespace,
-                &resource,
-            );
-            api.patch(
-                &owner.name,
-                &kube::api::PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        }
-        .await;
-        match result {
-            Ok(_) => {
-                tracing::info!(kind = %owner.kind, name = %owner.name, %namespace, %requested, "handed a reconcile request on an export to its custom source");
-                self.ctx.memo.record(key, Some(requested.to_string()), hash);
-            }
-            Err(error) => {
-                tracing::warn!(kind = %owner.kind, name = %owner.name, %namespace, %error, "cannot hand a reconcile request to the custom source; does openflux's role allow patching it?")
-            }
-        }
-    }
-
     /// Objects this Artifact was exported as before, under another name or
     /// target: kept up to date while a consumer still refers to one (until
     /// openflux has moved it), deleted once none does.
