@@ -410,7 +410,7 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
             Written {
                 group: TEST_GROUP,
                 name: source,
-                source: source,
+                source,
                 uid: &uid,
                 labels: None,
             },
