@@ -197,6 +197,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("exports", Layer::Shell),
     ("writers", Layer::Shell),
     ("cells", Layer::Shell),
+    ("nodes", Layer::Shell),
 ];
 
 fn workspace_dir() -> PathBuf {
