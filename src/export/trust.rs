@@ -208,6 +208,44 @@ mod tests {
         assert!(matches!(unseen("kube-system"), Some(Verdict::Untrusted(_))));
     }
 
+    /// The admission policy's Flux namespace (whose source-controller may
+    /// touch shadows) defaults to openflux's `--flux-namespace`.
+    #[test]
+    fn the_policy_names_the_flux_namespace_openflux_defaults_to() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: crate::runtime::flags::RunArgs,
+        }
+        let defaults = Cli::parse_from(["openflux"]);
+        let path = format!(
+            "{}/webhook-config/externalartifact-policy.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let param = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+            .find(|doc| doc["kind"] == "ConfigMap")
+            .expect("the policy's parameter");
+        assert_eq!(
+            param["data"]["fluxNamespace"],
+            json!(defaults.run.flux_namespace)
+        );
+        let binding = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+            .find(|doc| doc["kind"] == "ValidatingAdmissionPolicyBinding")
+            .expect("the binding");
+        assert_eq!(
+            binding["spec"]["paramRef"]["name"],
+            param["metadata"]["name"]
+        );
+        assert_eq!(
+            binding["spec"]["paramRef"]["namespace"],
+            param["metadata"]["namespace"]
+        );
+    }
+
     #[test]
     fn writers_round_trip_through_the_annotation() {
         let info = json!({"username": "system:serviceaccount:src:ctl", "uid": "u1",
