@@ -27,6 +27,16 @@ pub fn mirror_artifact_name(stock: &StockSource, name: &str) -> String {
     joined(&stock.kind.to_ascii_lowercase(), name, MAX_NAME)
 }
 
+/// The stock source whose mirrored Artifact would be named `artifact`
+/// (the inverse of [`mirror_artifact_name`] for names that were not cut).
+pub fn mirrored_source_of(artifact: &str) -> Option<(&'static StockSource, &str)> {
+    crate::api::STOCK_SOURCES.iter().find_map(|stock| {
+        let prefix = stock.kind.to_ascii_lowercase();
+        let name = artifact.strip_prefix(&prefix)?.strip_prefix('-')?;
+        (!name.is_empty() && mirror_artifact_name(stock, name) == artifact).then_some((stock, name))
+    })
+}
+
 /// The name earlier releases gave the export of source `kind`/`name`.
 pub fn legacy_export_name(kind: &str, name: &str) -> String {
     joined(&kind.to_ascii_lowercase(), name, MAX_NAME)
@@ -95,6 +105,17 @@ mod tests {
         assert_ne!(na, nb);
         assert_eq!(na, legacy_export_name("HttpSource", &a), "deterministic");
         assert!(na.chars().last().unwrap().is_ascii_alphanumeric());
+    }
+
+    #[test]
+    fn a_mirror_name_names_its_source() {
+        let (stock, name) = mirrored_source_of("gitrepository-podinfo").unwrap();
+        assert_eq!((stock.kind, name), ("GitRepository", "podinfo"));
+        let (stock, name) = mirrored_source_of("ocirepository-a-b").unwrap();
+        assert_eq!((stock.kind, name), ("OCIRepository", "a-b"));
+        assert!(mirrored_source_of("gitrepository-").is_none());
+        assert!(mirrored_source_of("web").is_none());
+        assert!(mirrored_source_of("httpsource-web").is_none());
     }
 
     #[test]

@@ -33,6 +33,7 @@ use crate::export::shadow::SHADOW_LABEL;
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
 use crate::mirror::plan::is_own_export;
 use crate::mirror::source::FluxSource;
+use crate::names;
 
 /// What a watch saw.
 #[derive(Debug)]
@@ -123,7 +124,10 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
         },
         Change::Deleted(artifact) => match IndexedArtifact::from_artifact(artifact) {
             Some(entry) => Routed {
-                wake: artifact_wakes(&entry, true, index),
+                wake: artifact_wakes(&entry, true, index)
+                    .into_iter()
+                    .chain(freed_mirror_name(&entry))
+                    .collect(),
                 index: Some(IndexChange::Delete(entry.key)),
             },
             None => Routed::default(),
@@ -175,6 +179,21 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
         );
     }
     wake
+}
+
+/// An Artifact that was not its source's mirror but held a mirror's name
+/// is gone: that mirror may now write its own (it was refused the name).
+fn freed_mirror_name(entry: &IndexedArtifact) -> Option<Wake> {
+    let (stock, name) = names::mirrored_source_of(&entry.key.name)?;
+    let mirrored = entry.owner.as_ref().is_some_and(|o| {
+        StockSource::find(&o.source.group, &o.source.kind).is_some_and(|s| s.kind == stock.kind)
+            && o.source.name.as_ref() == name
+    });
+    (!mirrored).then(|| Wake::Mirror {
+        source: stock.kind,
+        namespace: entry.key.namespace.to_string(),
+        name: name.to_string(),
+    })
 }
 
 fn mirror_wake(stock: &'static StockSource, source: &FluxSource) -> Option<Wake> {

@@ -134,6 +134,7 @@ fn routes_every_kind_of_event() {
         Some(("example.com/v1", "GitRepository", "x")),
     );
     let loose = artifact("loose", None);
+    let blocking = artifact("gitrepository-blocked", None);
     let mut no_namespace = artifact("nowhere", None);
     no_namespace.metadata.namespace = None;
     let listed: Vec<Arc<Artifact>> = [&web, &m1, &git, &loose]
@@ -195,6 +196,9 @@ fn routes_every_kind_of_event() {
         ("custom Artifact deleted, no sibling", Event::Artifact(Deleted(&web)), "delete apps/web-latest", ""),
         ("standalone Artifact", Event::Artifact(Applied(&loose)), "apply apps/loose", "export apps/loose"),
         ("standalone Artifact deleted", Event::Artifact(Deleted(&loose)), "delete apps/loose", ""),
+        // An Artifact of someone else's under a mirror's name stood in the
+        // mirror's way: once it goes, the mirror may write its own.
+        ("an Artifact under a mirror's name deleted", Event::Artifact(Deleted(&blocking)), "delete apps/gitrepository-blocked", "mirror GitRepository apps/blocked"),
         ("a stock kind's name in another API group is a custom source", Event::Artifact(Applied(&lookalike)), "apply apps/gitrepository-x", "export apps/gitrepository-x"),
         // Artifacts of stock sources: the mirror that keeps them.
         ("mirrored Artifact changed (by someone else)", Event::Artifact(Applied(&git)), "apply apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
