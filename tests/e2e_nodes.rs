@@ -228,9 +228,9 @@ async fn custom_source_flows(env: &Env, prefix: &str) -> String {
             let cms = cms.clone();
             let value = value.clone();
             async move {
-                let cm = cms.get_opt("e2e-config").await.ok().flatten()?;
+                let cm = cms.get_opt("app-config").await.ok().flatten()?;
                 let data = cm.data.unwrap_or_default();
-                (data.get("message") == Some(&value)).then_some(())
+                (data.get("value") == Some(&value)).then_some(())
             }
         },
     )
