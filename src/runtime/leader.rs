@@ -155,8 +155,10 @@ impl Controllers {
                     if changed.is_err() {
                         break;
                     }
-                    // New export targets: export every Artifact anew, and
-                    // move every consumer that should move.
+                    // New export targets (and maybe newly served source
+                    // kinds): export every Artifact anew, and move every
+                    // consumer that should move.
+                    self.start_discovery();
                     self.follow_targets();
                     self.wake_everything();
                     for look in self.consumers.everyone() {
