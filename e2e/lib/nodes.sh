@@ -677,6 +677,8 @@ node_start_again() {
   name=$(node_name "$i")
   [ -d "$dir" ] || die "no node $i in $STATE"
   ip link set "ofx-n$i" up
+  # The killed containerd left its sockets: wait for the new ones.
+  rm -f "$dir/containerd/containerd.sock" "$dir/containerd/containerd.sock.ttrpc"
   node_start "$i" containerd "$(command -v containerd)" --config "$dir/containerd/config.toml"
   node_wait "$i" containerd containerd "containerd of $name" test -S "$dir/containerd/containerd.sock"
   node_start "$i" kubelet "$BIN_DIR/kubelet" --config="$dir/kubelet.yaml" \
