@@ -25,7 +25,7 @@ pub mod write;
 
 use series::{Series, SERIES_SWEEP};
 use write::Export;
-pub use write::{ExportTarget, ExportTargets};
+pub use write::{ServedTarget, ServedTargets};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -55,7 +55,7 @@ use crate::locks;
 /// The export controller's context, built once per run of the controller.
 struct Exporter {
     ctx: Arc<Context>,
-    targets: ExportTargets,
+    targets: ServedTargets,
     metrics: ControllerMetrics,
     /// The failures in a row of each Artifact failing now.
     retries: Retries<ObjectRef<Artifact>>,
@@ -68,7 +68,7 @@ struct Exporter {
 /// sibling's arrival or departure).
 pub async fn run(
     ctx: Arc<Context>,
-    targets: ExportTargets,
+    targets: ServedTargets,
     triggers: impl futures::Stream<Item = ObjectRef<Artifact>> + Send + 'static,
     concurrency: u16,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,

@@ -18,18 +18,18 @@ use crate::context::{apply_params, hash_of, Context, Error};
 /// resource, and the objects of that kind openflux exported (labelled as
 /// managed by it), as watched.
 #[derive(Clone)]
-pub struct ExportTarget {
+pub struct ServedTarget {
     pub resource: ApiResource,
     pub exports: Store<DynamicObject>,
 }
 
 /// The export targets the cluster serves, by target.
-pub type ExportTargets = BTreeMap<Target, ExportTarget>;
+pub type ServedTargets = BTreeMap<Target, ServedTarget>;
 
 /// The exported object of one Artifact, and the writes that keep it.
 pub struct Export<'a> {
     ctx: &'a Context,
-    target: &'a ExportTarget,
+    target: &'a ServedTarget,
     api: Api<DynamicObject>,
     namespace: &'a str,
     name: &'a str,
@@ -38,7 +38,7 @@ pub struct Export<'a> {
 impl<'a> Export<'a> {
     pub(super) fn new(
         ctx: &'a Context,
-        target: &'a ExportTarget,
+        target: &'a ServedTarget,
         namespace: &'a str,
         name: &'a str,
     ) -> Self {

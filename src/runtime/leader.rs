@@ -30,7 +30,7 @@ use crate::consumers::controller::{Consumers, Look, Sinks};
 use crate::consumers::repoint::ObjectKey;
 use crate::context::Context;
 use crate::export::release::target_resource;
-use crate::export::{self, ExportTarget, ExportTargets};
+use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
 use crate::mirror::{self, DiscoveryError, FluxSource, Mirror, SourceKind};
 use crate::telemetry::Readiness;
@@ -75,7 +75,7 @@ pub struct Controllers {
     shutdown: CancellationToken,
     mirrors: HashMap<&'static str, Mirrored>,
     export: Option<Exporting>,
-    targets: ExportTargets,
+    targets: ServedTargets,
     reported_missing: BTreeSet<&'static str>,
     consumers: Consumers,
     /// Open Flux Artifact API groups being adopted.
@@ -114,7 +114,7 @@ impl Controllers {
             shutdown,
             mirrors: HashMap::new(),
             export: None,
-            targets: ExportTargets::new(),
+            targets: ServedTargets::new(),
             reported_missing: BTreeSet::new(),
             consumers: Consumers::default(),
             adopting: BTreeSet::new(),
@@ -337,7 +337,7 @@ impl Controllers {
 
     /// Watches the objects openflux exported, so the export controller sees
     /// their drift and deletion and compares without asking the API server.
-    fn watch_exports(&mut self, resource: &ApiResource) -> ExportTarget {
+    fn watch_exports(&mut self, resource: &ApiResource) -> ServedTarget {
         let writer = Writer::<DynamicObject>::new(resource.clone());
         let exports = writer.as_reader();
         let hub = self.hub.clone();
@@ -357,7 +357,7 @@ impl Controllers {
             move |change| hub.take(Event::Exported(change)),
             self.shutdown.clone(),
         ));
-        ExportTarget {
+        ServedTarget {
             resource: resource.clone(),
             exports,
         }
