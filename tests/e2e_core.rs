@@ -320,18 +320,23 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     let spec2 = &artifact2["spec"];
     env.apply(&artifact2).await.expect("updating the Artifact");
     wait_value("two").await;
-    let ks = env
-        .find(KUSTOMIZE, "Kustomization", &n, "web")
-        .await
-        .expect("Kustomization");
     let (_, exported2) = support::exports::wait_export(&env, &n, "web", |e| {
         field(e, "/status/artifact/digest") == Some(&spec2["digest"])
     })
     .await;
-    assert_eq!(
-        field(&ks, "/status/lastAppliedRevision"),
-        field(&exported2, "/status/artifact/revision")
-    );
+    // kustomize-controller writes its status after it applied the objects:
+    // wait for it to name the exported revision rather than read it once.
+    let revision = field(&exported2, "/status/artifact/revision").cloned();
+    assert!(revision.is_some(), "the export carries a revision");
+    wait_for(
+        "the Kustomization to have applied the new revision",
+        TIMEOUT,
+        || async {
+            let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
+            (field(&ks, "/status/lastAppliedRevision").cloned() == revision).then_some(())
+        },
+    )
+    .await;
 
     // Deleting the custom source removes its Artifact and the export.
     delete(&env, KUSTOMIZE, "Kustomization", &n, "web").await;
