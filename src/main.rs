@@ -38,7 +38,11 @@ enum Command {
     /// Run the controllers (mirror, export) and the admission webhook.
     Run(Box<RunCmd>),
     /// Print the CustomResourceDefinitions of openflux's API as YAML.
-    Crds,
+    Crds {
+        /// Print the SourcePolicy CRD instead of the Artifact CRD.
+        #[arg(long)]
+        source_policy: bool,
+    },
     /// Write a CA and a serving certificate for the webhook.
     Certs(openflux::certs::CertsArgs),
 }
@@ -57,8 +61,12 @@ async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
 
 async fn main_inner(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Crds => {
-            print!("{}", openflux::api::crd_yaml()?);
+        Command::Crds { source_policy } => {
+            if source_policy {
+                print!("{}", openflux::api::policy::source_policy_crd_yaml()?);
+            } else {
+                print!("{}", openflux::api::crd_yaml()?);
+            }
             Ok(())
         }
         Command::Certs(args) => openflux::certs::run(args),
@@ -75,6 +83,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                     openflux::webhook::Knowledge {
                         index: shared.index.clone(),
                         facts: shared.facts.clone(),
+                        ..Default::default()
                     },
                     metrics,
                     shared.shutdown.clone().cancelled_owned(),

@@ -135,6 +135,7 @@ const CRATES: &[Crate] = &[
 const API_LAYERS: &[(&str, Layer)] = &[
     ("conditions", Layer::Api),
     ("duration", Layer::Api),
+    ("policy", Layer::Api),
     ("runtime::id", Layer::Api),
     ("runtime::retry", Layer::Pure),
     ("producer::digest", Layer::Pure),

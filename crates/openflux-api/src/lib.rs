@@ -6,6 +6,7 @@
 //! the artifact of a Flux source's `.status.artifact`, so values copy 1:1.
 
 pub mod duration;
+pub mod policy;
 #[cfg(feature = "producer")]
 pub mod producer;
 #[cfg(feature = "runtime")]
