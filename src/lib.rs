@@ -14,6 +14,7 @@ pub mod index;
 pub mod locks;
 pub mod mirror;
 pub mod names;
+pub mod policy;
 pub mod runtime;
 pub mod shard;
 pub mod telemetry;

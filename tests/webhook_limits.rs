@@ -55,6 +55,7 @@ async fn start() -> Server {
         webhook::Knowledge {
             index: Arc::new(RwLock::new(synced_index())),
             facts: Arc::new(RwLock::new(all_external_artifact())),
+            ..Default::default()
         },
         WebhookMetrics::default(),
         async {
@@ -186,6 +187,7 @@ fn chaos_short_pass_through_the_decision_path() {
     let view = openflux::webhook::rewrite::View {
         index: &index,
         facts: &facts,
+        policies: &openflux::policy::NONE,
     };
     let options = Options::default();
     let mut rng = Rng(0x5eed_0002);

@@ -51,6 +51,7 @@ fn index() -> webhook::Knowledge {
     webhook::Knowledge {
         index: Arc::new(RwLock::new(index)),
         facts: Arc::new(RwLock::new(facts)),
+        ..Default::default()
     }
 }
 

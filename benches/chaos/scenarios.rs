@@ -38,6 +38,7 @@ pub async fn reviews(options: &Options) -> anyhow::Result<Vec<Row>> {
     let view = openflux::webhook::rewrite::View {
         index: &index,
         facts: &facts,
+        policies: &openflux::policy::NONE,
     };
     let decision = DecisionOptions::default();
     let mut rng = reviews::Rng(0xc4a0_5eed);

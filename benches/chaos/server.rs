@@ -51,6 +51,7 @@ pub fn serve(dir: &Path) -> anyhow::Result<()> {
                     openflux::cluster::target::Target::ExternalArtifact,
                     &[],
                 ))),
+                ..Default::default()
             },
             WebhookMetrics::default(),
             stdin_closed,

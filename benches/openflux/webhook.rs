@@ -218,6 +218,7 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
         openflux::webhook::Knowledge {
             index: Arc::new(RwLock::new(index)),
             facts: Arc::new(RwLock::new(facts)),
+            ..Default::default()
         },
         WebhookMetrics::default(),
         Options::default(),

@@ -178,6 +178,7 @@ impl Consumers {
             let view = View {
                 index: &index,
                 facts: &facts,
+                policies: &crate::policy::NONE,
             };
             repoint(consumer, &value, view, &Options::default())
         };

@@ -12,6 +12,7 @@
 //! `e2e_policy`.
 
 use crate::api::{StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
+use crate::names::MAX_NAME;
 
 /// How the references sit in the consumer's object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,6 +272,43 @@ fn field_condition(field: &RefField) -> String {
     format!("({})", guards.join(" && "))
 }
 
+/// The CEL `matchConditions` expression of openflux's validating webhook
+/// for `consumer`: true when a reference names one of the kinds openflux
+/// exports as (ExternalArtifact, OCIRepository, of Flux's API) with a name
+/// that has the shape of an export's (three dots or more, or cut to the
+/// longest name). Every other object, stock Flux's included, is admitted
+/// without openflux, so it keeps working while openflux is down. The Rust
+/// twin is `policy::candidates::has_export_shape`.
+pub fn export_match_condition(consumer: &Consumer) -> String {
+    let field = &consumer.refs;
+    let mut guards = Vec::new();
+    for depth in 2..=field.path.len() {
+        guards.push(format!("has(object.{})", field.path[..depth].join(".")));
+    }
+    let expr = format!("object.{}", field.dotted());
+    let export = |r: &str| {
+        let api_version = if field.has_api_version {
+            format!(
+                " && (!has({r}.apiVersion) || {r}.apiVersion == '' || {r}.apiVersion.startsWith('{FLUX_SOURCE_GROUP}/'))"
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "has({r}.kind) && has({r}.name) && {r}.kind in ['ExternalArtifact', 'OCIRepository']{api_version} && \
+             ({r}.name.matches('[.].*[.].*[.]') || size({r}.name) == {MAX_NAME})"
+        )
+    };
+    guards.push(match field.shape {
+        RefShape::One => export(&expr),
+        RefShape::ListByKey(_) => format!("{expr}.exists(r, {})", export("r")),
+    });
+    format!(
+        "object != null && !has(object.metadata.deletionTimestamp) && has(object.spec) && ({})",
+        guards.join(" && ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +375,54 @@ mod tests {
             "{cel}"
         );
         assert!(!cel.contains("apiVersion"), "{cel}");
+    }
+
+    /// The validating webhook configurations carry one entry per consumer,
+    /// sent only references that may name an export.
+    #[test]
+    fn shipped_validating_configurations_follow_the_table() {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        for file in [
+            "webhook-config/validating-webhook.yaml",
+            "webhook-config/local/validating-webhook.yaml",
+        ] {
+            let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(&text).unwrap();
+            let webhooks = config.webhooks.unwrap();
+            assert_eq!(webhooks.len(), CONSUMERS.len(), "{file}");
+            for consumer in &CONSUMERS {
+                let webhook = webhooks
+                    .iter()
+                    .find(|w| w.name == format!("{}.validate.openflux.dev", consumer.resource))
+                    .unwrap_or_else(|| panic!("{file}: no webhook for {}", consumer.kind));
+                let rule = &webhook.rules.as_ref().unwrap()[0];
+                assert_eq!(
+                    rule.api_groups.as_deref(),
+                    Some(&[consumer.group.to_string()][..])
+                );
+                assert_eq!(
+                    rule.resources.as_deref(),
+                    Some(&[consumer.resource.to_string()][..])
+                );
+                let conditions = webhook.match_conditions.as_ref().unwrap();
+                assert_eq!(conditions.len(), 1);
+                assert_eq!(
+                    conditions[0].expression,
+                    export_match_condition(consumer),
+                    "{file}"
+                );
+                assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+                assert_eq!(webhook.side_effects, "None");
+                let url = webhook.client_config.url.as_deref();
+                let service = webhook.client_config.service.as_ref();
+                assert!(
+                    url.is_some_and(|u| u.ends_with("/validate"))
+                        || service.is_some_and(|s| s.path.as_deref() == Some("/validate")),
+                    "{file}"
+                );
+            }
+        }
     }
 
     /// The webhook configurations shipped in webhook-config/ carry one entry

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use super::decision::{Decision, Options};
 use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::{decide, writer, View};
+use super::validate;
 use crate::consumers::table;
 
 /// What the webhook answers a body with, and what to count and log.
@@ -36,6 +37,36 @@ pub fn answer_parsed(
     parsed: Result<AdmissionRequest, ReviewError>,
     view: View<'_>,
     options: &Options,
+) -> Answer {
+    answer_with(parsed, view, options, mutation)
+}
+
+/// The validating webhook's answer ([`validate::decide`]) to a parsed body.
+pub fn answer_validation(
+    parsed: Result<AdmissionRequest, ReviewError>,
+    view: View<'_>,
+    options: &Options,
+) -> Answer {
+    answer_with(parsed, view, options, validate::decide)
+}
+
+/// The mutating webhook's decision: the rewrite, judged on the references
+/// it leaves as the validating webhook will judge them.
+fn mutation(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
+    let decision = decide(request, view, options);
+    if let Decision::Rewrite { patch, .. } = &decision {
+        if let Some(denied) = validate::check_rewrite(request, patch, view, options) {
+            return denied;
+        }
+    }
+    decision
+}
+
+fn answer_with(
+    parsed: Result<AdmissionRequest, ReviewError>,
+    view: View<'_>,
+    options: &Options,
+    decide: fn(&AdmissionRequest, View<'_>, &Options) -> Decision,
 ) -> Answer {
     let request = match parsed {
         Ok(request) => request,

@@ -1,4 +1,5 @@
-//! Keeps the CA bundle of the served certificate in the webhook configuration.
+//! Keeps the CA bundle of the served certificate in the webhook
+//! configurations (the mutating one and the validating one of one name).
 //!
 //! Each webhook entry's `clientConfig.caBundle` must contain the CA of what
 //! openflux serves. When it does not, openflux puts its CA first and keeps
@@ -13,7 +14,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, TestOperation};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::ClusterResourceScope;
 use kube::api::{Api, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
@@ -45,25 +49,59 @@ pub fn merged_bundle(current: &[u8], ours: &[u8]) -> Option<Vec<u8>> {
     Some(merged.iter().map(pem_of).collect::<String>().into_bytes())
 }
 
+/// A webhook configuration whose entries carry a CA bundle.
+pub trait Configuration:
+    kube::Resource<DynamicType = (), Scope = ClusterResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// Each entry's name and CA bundle, in order.
+    fn bundles(&self) -> Vec<(&str, &[u8])>;
+}
+
+impl Configuration for MutatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<(&str, &[u8])> {
+        let entries = self.webhooks.iter().flatten();
+        entries
+            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
+            .collect()
+    }
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<(&str, &[u8])> {
+        let entries = self.webhooks.iter().flatten();
+        entries
+            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
+            .collect()
+    }
+}
+
+fn bundle_of(config: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig) -> &[u8] {
+    config
+        .ca_bundle
+        .as_ref()
+        .map(|b| b.0.as_slice())
+        .unwrap_or_default()
+}
+
 /// The JSON patch that puts `ours` into every webhook entry of `config`
 /// lacking it; each change guarded by a test of the entry's name, so a
 /// concurrent reorder fails the patch instead of writing the wrong entry.
-pub fn ca_bundle_patch(config: &MutatingWebhookConfiguration, ours: &[u8]) -> Option<Patch> {
+pub fn ca_bundle_patch(config: &impl Configuration, ours: &[u8]) -> Option<Patch> {
     let mut ops = Vec::new();
-    for (i, webhook) in config.webhooks.iter().flatten().enumerate() {
-        let current = webhook
-            .client_config
-            .ca_bundle
-            .as_ref()
-            .map(|b| b.0.as_slice())
-            .unwrap_or_default();
+    for (i, (name, current)) in config.bundles().into_iter().enumerate() {
         let Some(bundle) = merged_bundle(current, ours) else {
             continue;
         };
         let index = i.to_string();
         ops.push(PatchOperation::Test(TestOperation {
             path: PointerBuf::from_tokens(["webhooks", index.as_str(), "name"]),
-            value: serde_json::Value::String(webhook.name.clone()),
+            value: serde_json::Value::String(name.to_string()),
         }));
         ops.push(PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["webhooks", index.as_str(), "clientConfig", "caBundle"]),
@@ -74,12 +112,17 @@ pub fn ca_bundle_patch(config: &MutatingWebhookConfiguration, ours: &[u8]) -> Op
 }
 
 /// Patches the configuration if needed; `Ok(true)` when it was changed.
-async fn ensure(
-    api: &Api<MutatingWebhookConfiguration>,
+/// A configuration that is not installed is left to the watch, which sees
+/// it when it is.
+async fn ensure<C: Configuration>(
+    api: &Api<C>,
     name: &str,
     ours: &[u8],
 ) -> Result<bool, kube::Error> {
-    let config = api.get(name).await?;
+    let Some(config) = api.get_opt(name).await? else {
+        tracing::debug!(configuration = %name, kind = %C::kind(&()), "webhook configuration not installed");
+        return Ok(false);
+    };
     let Some(patch) = ca_bundle_patch(&config, ours) else {
         return Ok(false);
     };
@@ -92,15 +135,15 @@ async fn ensure(
     Ok(true)
 }
 
-/// Keeps `ours` in the configuration `name` until `stop` turns true or its
-/// sender goes away.
-pub async fn keep_injected(
+/// Keeps `ours` in the configuration `name` of kind `C` until `stop` turns
+/// true or its sender goes away.
+pub async fn keep_injected<C: Configuration>(
     client: kube::Client,
     name: String,
     mut ours: watch::Receiver<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+    let api: Api<C> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let events = watcher(api.clone(), config)
         .default_backoff()

@@ -1,4 +1,8 @@
-//! Admission metrics.
+//! Admission metrics, and the log line of each request.
+
+use super::answer::Answer;
+use super::decision::Decision;
+use super::limits::LogBudget;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -73,6 +77,44 @@ impl WebhookMetrics {
 /// Shorthand for [`WebhookMetrics::register`].
 pub fn register(registry: &mut Registry) -> WebhookMetrics {
     WebhookMetrics::register(registry)
+}
+
+/// Logs what happened to one request. Lines at info and above are about
+/// what a client sent, so they come out of the log budget.
+pub fn note(logs: &LogBudget, answer: &Answer) {
+    let [uid, namespace, name] = &answer.subject;
+    let consumer = answer.consumer;
+    let outcome = answer.outcome;
+    match (&answer.decision, &answer.review) {
+        (Some(Decision::Unchanged), _) => {
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, "admitted unchanged")
+        }
+        (Some(Decision::Rewrite { patch, warnings }), _) => {
+            // Debug: every re-apply of such an object is rewritten again.
+            tracing::debug!(%uid, consumer, %namespace, %name, outcome, %patch, ?warnings, "rewrote source reference")
+        }
+        (decision, review) => {
+            let Some(suppressed) = logs.allow() else {
+                return;
+            };
+            match (decision, review) {
+                (Some(Decision::Deny { message }), _) => {
+                    tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
+                }
+                (Some(Decision::Error { code, message }), _) if *code >= 500 => {
+                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (Some(Decision::Error { code, message }), _) => {
+                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                }
+                (_, Err(message)) => {
+                    let status = answer.status.as_u16();
+                    tracing::warn!(status, %message, suppressed, "admission request refused")
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod review;
 pub mod rewrite;
 pub mod server;
+pub mod validate;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -62,8 +63,9 @@ pub struct WebhookArgs {
     /// IP address of the in-memory certificate (repeatable).
     #[arg(long = "webhook-ip", value_name = "IP", default_values = ["127.0.0.1"])]
     pub webhook_ips: Vec<IpAddr>,
-    /// MutatingWebhookConfiguration whose webhooks get the CA bundle of the
-    /// served certificate.
+    /// MutatingWebhookConfiguration and ValidatingWebhookConfiguration (of
+    /// this one name) whose webhooks get the CA bundle of the served
+    /// certificate.
     #[arg(long, value_name = "NAME")]
     pub webhook_configuration: Option<String>,
     /// Deny references to sources in another namespace, like Flux's flag.
@@ -134,19 +136,34 @@ pub async fn serve_on(
     let interval = Duration::from_secs(args.tls_reload_interval_seconds.max(1));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(keeper.run(interval, stop_rx.clone()));
-    match (&args.webhook_configuration, client) {
+    match (&args.webhook_configuration, client.clone()) {
         (Some(name), Some(client)) => {
-            tasks.spawn(cabundle::keep_injected(
-                client,
+            use k8s_openapi::api::admissionregistration::v1 as admission;
+            tasks.spawn(cabundle::keep_injected::<
+                admission::MutatingWebhookConfiguration,
+            >(
+                client.clone(),
                 name.clone(),
-                ca_bundle,
+                ca_bundle.clone(),
                 stop_rx.clone(),
+            ));
+            tasks.spawn(cabundle::keep_injected::<
+                admission::ValidatingWebhookConfiguration,
+            >(
+                client, name.clone(), ca_bundle, stop_rx.clone()
             ));
         }
         (Some(name), None) => {
             tracing::warn!(configuration = %name, "no Kubernetes client: not writing the CA bundle into the webhook configuration");
         }
         (None, _) => {}
+    }
+    if let Some(client) = &client {
+        tasks.spawn(crate::policy::watch::run(
+            client.clone(),
+            knowledge.policies.clone(),
+            stop_rx.clone(),
+        ));
     }
 
     let app = server::router(server::AppState::new(knowledge, metrics, args.options()));

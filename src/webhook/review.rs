@@ -437,6 +437,7 @@ mod tests {
         let view = super::super::rewrite::View {
             index: &index,
             facts: &facts,
+            policies: &crate::policy::NONE,
         };
         for options in [
             super::super::Options::default(),

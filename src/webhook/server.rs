@@ -21,21 +21,24 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-pub use super::answer::{answer, answer_parsed, Answer};
-use super::decision::{Decision, Options};
+pub use super::answer::{answer, answer_parsed, answer_validation, Answer};
+use super::decision::Options;
 use super::large::LargeParser;
 use super::limits::{Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
 use super::metrics::WebhookMetrics;
-use super::review;
+use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::View;
 use crate::cluster::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::locks;
+use crate::policy::Policies;
 
 const JSON: header::HeaderValue = header::HeaderValue::from_static("application/json");
 
 /// Path the API server posts AdmissionReviews to.
 pub const MUTATE_PATH: &str = "/mutate";
+/// Path the API server posts AdmissionReviews of the validating webhook to.
+pub const VALIDATE_PATH: &str = "/validate";
 /// Largest request body accepted: the API server's own request limit.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Time a client gets to finish the TLS handshake.
@@ -54,11 +57,24 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// What the webhook decides from, kept up to date by openflux's watches:
-/// the owner index and the export targets.
-#[derive(Clone, Default)]
+/// the owner index, the export targets and the SourcePolicies with the
+/// namespaces' labels (no policy by default; [`super::serve`] watches them
+/// when it has a client).
+#[derive(Clone)]
 pub struct Knowledge {
     pub index: Arc<RwLock<OwnerIndex>>,
     pub facts: Arc<RwLock<Facts>>,
+    pub policies: Arc<RwLock<Policies>>,
+}
+
+impl Default for Knowledge {
+    fn default() -> Self {
+        Knowledge {
+            index: Arc::default(),
+            facts: Arc::default(),
+            policies: Arc::new(RwLock::new(crate::policy::NONE.clone())),
+        }
+    }
 }
 
 /// What the request handler needs.
@@ -87,6 +103,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate))
+        .route(VALIDATE_PATH, post(validate))
         .with_state(state)
 }
 
@@ -124,8 +141,19 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 async fn mutate(State(state): State<AppState>, request: Request) -> Response {
+    respond(state, request, answer_parsed).await
+}
+
+async fn validate(State(state): State<AppState>, request: Request) -> Response {
+    respond(state, request, answer_validation).await
+}
+
+/// How a parsed body is answered: the mutating or the validating decision.
+type Answering = fn(Result<AdmissionRequest, ReviewError>, View<'_>, &Options) -> Answer;
+
+async fn respond(state: AppState, request: Request, answering: Answering) -> Response {
     let started = Instant::now();
-    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request)).await;
+    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request, answering)).await;
     let (answer, response) = match handled {
         Ok(Ok(mut answer)) => {
             let (status, json) = (answer.status, [(header::CONTENT_TYPE, JSON)]);
@@ -141,7 +169,7 @@ async fn mutate(State(state): State<AppState>, request: Request) -> Response {
             (refused.answer(), refused.response())
         }
     };
-    note(&state.logs, &answer);
+    super::metrics::note(&state.logs, &answer);
     state.metrics.observe(
         answer.consumer,
         answer.outcome,
@@ -199,7 +227,11 @@ impl Refused {
     }
 }
 
-async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
+async fn handle(
+    state: &AppState,
+    request: Request,
+    answering: Answering,
+) -> Result<Answer, Refused> {
     let declared = content_length(request.headers());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(Refused::TooLarge);
@@ -231,49 +263,13 @@ async fn handle(state: &AppState, request: Request) -> Result<Answer, Refused> {
     // Hold the read locks for the decision only; they never cross an await.
     let index = locks::read(&state.knowledge.index);
     let facts = locks::read(&state.knowledge.facts);
+    let policies = locks::read(&state.knowledge.policies);
     let view = View {
         index: &index,
         facts: &facts,
+        policies: &policies,
     };
-    Ok(answer_parsed(parsed, view, &state.options))
-}
-
-/// Logs what happened to one request. Lines at info and above are about
-/// what a client sent, so they come out of the log budget.
-fn note(logs: &LogBudget, answer: &Answer) {
-    let [uid, namespace, name] = &answer.subject;
-    let consumer = answer.consumer;
-    let outcome = answer.outcome;
-    match (&answer.decision, &answer.review) {
-        (Some(Decision::Unchanged), _) => {
-            tracing::debug!(%uid, consumer, %namespace, %name, outcome, "admitted unchanged")
-        }
-        (Some(Decision::Rewrite { patch, warnings }), _) => {
-            // Debug: every re-apply of such an object is rewritten again.
-            tracing::debug!(%uid, consumer, %namespace, %name, outcome, %patch, ?warnings, "rewrote source reference")
-        }
-        (decision, review) => {
-            let Some(suppressed) = logs.allow() else {
-                return;
-            };
-            match (decision, review) {
-                (Some(Decision::Deny { message }), _) => {
-                    tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
-                }
-                (Some(Decision::Error { code, message }), _) if *code >= 500 => {
-                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
-                }
-                (Some(Decision::Error { code, message }), _) => {
-                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
-                }
-                (_, Err(message)) => {
-                    let status = answer.status.as_u16();
-                    tracing::warn!(status, %message, suppressed, "admission request refused")
-                }
-                _ => {}
-            }
-        }
-    }
+    Ok(answering(parsed, view, &state.options))
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes; then
@@ -412,6 +408,7 @@ mod tests {
             Knowledge {
                 index: Arc::new(RwLock::new(index)),
                 facts: Default::default(),
+                ..Knowledge::default()
             },
             WebhookMetrics::default(),
             Options::default(),
@@ -468,6 +465,7 @@ mod tests {
             Knowledge {
                 index: Arc::new(RwLock::new(index)),
                 facts: Default::default(),
+                ..Knowledge::default()
             },
             WebhookMetrics::default(),
             Options::default(),

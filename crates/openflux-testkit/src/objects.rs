@@ -167,11 +167,17 @@ pub async fn request_reconcile(
 
 // ------------------------------------------------------------------ CRDs --
 
-/// Installs openflux's Artifact CRD (as committed under manifests/).
+/// Installs openflux's CRDs, Artifact and SourcePolicy (as committed under
+/// manifests/), and waits until SourcePolicy is served: openflux's webhook
+/// judges nothing that may name an export before it has listed policies.
 pub async fn install_artifact_crd(env: &Env) {
     env.apply_yaml(include_str!("../../../manifests/crds/artifacts.yaml"))
         .await
         .expect("installing the Artifact CRD");
+    env.apply_yaml(include_str!("../../../manifests/crds/sourcepolicies.yaml"))
+        .await
+        .expect("installing the SourcePolicy CRD");
+    wait_established(env, &["sourcepolicies.openflux.dev"]).await;
 }
 
 /// Installs the test-only custom source kind `TestSource` of `group`

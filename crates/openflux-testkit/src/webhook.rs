@@ -1,19 +1,25 @@
-//! A MutatingWebhookConfiguration of a test's own: the shipped local one,
-//! pointed at the test's openflux and limited to the test's namespace, and
-//! deleted when dropped, so tests never see each other's webhooks.
+//! The webhook configurations of a test's own: the shipped local mutating
+//! and validating ones, pointed at the test's openflux and limited to the
+//! test's namespace, and deleted when dropped, so tests never see each
+//! other's webhooks.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use kube::api::{Api, DeleteParams};
 use serde_json::{json, Value};
 
 use crate::Env;
 
 const LOCAL_WEBHOOK: &str = include_str!("../../../webhook-config/local/mutating-webhook.yaml");
+const LOCAL_VALIDATING: &str =
+    include_str!("../../../webhook-config/local/validating-webhook.yaml");
 
-/// The test's MutatingWebhookConfiguration, deleted on drop.
+/// The test's Mutating- and ValidatingWebhookConfiguration (one name),
+/// deleted on drop.
 pub struct Webhook {
     pub name: String,
     config: kube::Config,
@@ -32,7 +38,13 @@ impl Drop for Webhook {
                     let Ok(client) = kube::Client::try_from(config) else {
                         return;
                     };
-                    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+                    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        api.delete(&name, &DeleteParams::default()),
+                    )
+                    .await;
+                    let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
                     let _ = tokio::time::timeout(
                         Duration::from_secs(10),
                         api.delete(&name, &DeleteParams::default()),
@@ -60,6 +72,16 @@ pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) 
         .apply(&config)
         .await
         .expect("creating the webhook configuration");
+    let mut validating: Value =
+        serde_yaml_ng::from_str(LOCAL_VALIDATING).expect("local validating webhook YAML");
+    validating["metadata"]["name"] = json!(name);
+    for webhook in validating["webhooks"].as_array_mut().expect("webhooks") {
+        webhook["clientConfig"]["url"] = json!(format!("https://{addr}/validate"));
+        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    }
+    env.apply(&validating)
+        .await
+        .expect("creating the validating webhook configuration");
     let uid = applied
         .metadata
         .uid
@@ -73,7 +95,7 @@ pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) 
 
 /// Starts `openflux run` for namespace `ns` (plus `extra` flags) with its
 /// webhook on a free port behind a configuration of its own, and waits until
-/// the CA bundle is in that configuration.
+/// the CA bundle is in both configurations.
 pub async fn openflux_with_webhook(
     env: &Env,
     ns: &str,
@@ -95,6 +117,20 @@ pub async fn openflux_with_webhook(
     let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
     crate::wait_for(
         "the CA bundle in the webhook configuration",
+        crate::TIMEOUT,
+        || async {
+            let config = api.get_opt(&webhook.name).await.ok().flatten()?;
+            config
+                .webhooks?
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    crate::wait_for(
+        "the CA bundle in the validating webhook configuration",
         crate::TIMEOUT,
         || async {
             let config = api.get_opt(&webhook.name).await.ok().flatten()?;

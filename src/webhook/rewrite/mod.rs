@@ -33,6 +33,7 @@ use crate::cluster::facts::Facts;
 use crate::consumers::table::{self, is_stock_ref, Consumer, RefField, RefShape};
 use crate::index::OwnerIndex;
 use crate::names::identity;
+use crate::policy::Policies;
 
 mod destination;
 pub mod refs;
@@ -48,6 +49,9 @@ use refs::{annotation_of, annotation_op, compact, locate, Located};
 pub struct View<'a> {
     pub index: &'a OwnerIndex,
     pub facts: &'a Facts,
+    /// The SourcePolicies and namespace labels ([`crate::policy::NONE`]
+    /// where there are none).
+    pub policies: &'a Policies,
 }
 
 /// Decides one admission request. Never panics and makes no I/O.

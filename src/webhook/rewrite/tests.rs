@@ -128,6 +128,7 @@ fn decide_with(request: &AdmissionRequest, index: &OwnerIndex, options: &Options
         View {
             index,
             facts: &facts,
+            policies: &crate::policy::NONE,
         },
         options,
     )
@@ -446,6 +447,7 @@ fn the_target_kind_follows_the_facts() {
     let view = View {
         index: &index,
         facts: &facts,
+        policies: &crate::policy::NONE,
     };
     let stored = apply(
         &object_of(&review),
@@ -464,6 +466,7 @@ fn the_target_kind_follows_the_facts() {
     let view = View {
         index: &index,
         facts: &none,
+        policies: &crate::policy::NONE,
     };
     let message = denial(&decide(&request(&review), view, &opts())).to_string();
     assert!(message.contains("no Flux here"), "{message}");

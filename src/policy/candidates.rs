@@ -1,0 +1,119 @@
+//! Which custom source kinds a reference to an export may stand for, told
+//! from the reference alone and what openflux keeps in memory: never from
+//! anything the consumer's author writes besides the reference itself (an
+//! annotation on the consumer is theirs to forge).
+//!
+//! An export of a source is named `<name>.<kind>.<group>`
+//! ([`crate::names::identity`]); a custom source's group is a CRD's, which
+//! has a dot. So a name with three dots or more may be an export, and each
+//! way of cutting it into name, lower-case kind and group is a source it may
+//! stand for. Of those, the kinds the cluster serves count (the survey's
+//! [`Facts`]); when none is served, every cut counts, so a reference made
+//! before its source kind is installed is judged as strictly as after. An
+//! Artifact's own export (`<artifact>.artifact.openflux.dev`) stands for the
+//! Artifact's source when the owner index knows it, otherwise for kind
+//! `Artifact`. A name cut to the longest a name may be (it ends in a hash)
+//! cannot be read back: no candidate, and the policy decides without one.
+
+use crate::api;
+use crate::cluster::facts::Facts;
+use crate::consumers::table::is_stock_ref;
+use crate::index::OwnerIndex;
+use crate::names::MAX_NAME;
+
+use super::SourceKind;
+
+/// What a reference to one of Flux's kinds is, for the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// Not a reference to an export: Flux's own source, never restricted.
+    NotAnExport,
+    /// A reference that may name an export of these source kinds (empty:
+    /// none can be told).
+    Export(Vec<SourceKind>),
+}
+
+/// Whether `kind`/`apiVersion` is a kind openflux exports as.
+pub fn is_export_kind(api_version: Option<&str>, kind: &str) -> bool {
+    matches!(kind, "ExternalArtifact" | "OCIRepository") && is_stock_ref(api_version, kind)
+}
+
+/// Whether `name` has the shape of an export's name: what the validating
+/// webhook configuration's `matchConditions` select, in Rust.
+pub fn has_export_shape(name: &str) -> bool {
+    name.matches('.').count() >= 3 || name.len() == MAX_NAME
+}
+
+/// Reads a reference of `kind` named `name` in `namespace` (the reference's
+/// namespace, or the consumer's).
+pub fn read(
+    api_version: Option<&str>,
+    kind: &str,
+    name: &str,
+    namespace: &str,
+    index: &OwnerIndex,
+    facts: &Facts,
+) -> Reading {
+    if !is_export_kind(api_version, kind) || !has_export_shape(name) {
+        return Reading::NotAnExport;
+    }
+    let cuts = cuts(name);
+    let mut kinds = Vec::new();
+    for (source, lower, group) in &cuts {
+        match served_kind(facts, group, lower) {
+            Some(k) if k.group == api::GROUP && k.kind == api::KIND => {
+                kinds.push(artifact_source(index, namespace, source));
+            }
+            Some(k) => kinds.push(k),
+            None => {}
+        }
+    }
+    if kinds.is_empty() {
+        kinds = cuts
+            .iter()
+            .map(|(_, kind, group)| SourceKind::new(*group, *kind))
+            .collect();
+    }
+    kinds.sort();
+    kinds.dedup();
+    Reading::Export(kinds)
+}
+
+/// Every way to read `name` as `<source>.<kind>.<group>` with a group that
+/// has a dot.
+fn cuts(name: &str) -> Vec<(&str, &str, &str)> {
+    let dots: Vec<usize> = name.match_indices('.').map(|(i, _)| i).collect();
+    let mut out = Vec::new();
+    // The kind sits between dots i and i + 1; the group after dot i + 1 must
+    // hold a further dot, so i + 2 < dots.len().
+    for i in 0..dots.len().saturating_sub(2) {
+        let (a, b) = (dots[i], dots[i + 1]);
+        let (source, kind, group) = (&name[..a], &name[a + 1..b], &name[b + 1..]);
+        if !source.is_empty() && !kind.is_empty() && !group.is_empty() {
+            out.push((source, kind, group));
+        }
+    }
+    out
+}
+
+/// The served kind of `group` spelled `lower` in an export's name.
+fn served_kind(facts: &Facts, group: &str, lower: &str) -> Option<SourceKind> {
+    facts
+        .kinds
+        .iter()
+        .find(|(kind, groups)| kind.eq_ignore_ascii_case(lower) && groups.contains(group))
+        .map(|(kind, _)| SourceKind::new(group, kind.as_str()))
+}
+
+/// The source kind an Artifact's own export stands for: its owner's, when
+/// the index knows the Artifact and its owner, else `Artifact` itself.
+fn artifact_source(index: &OwnerIndex, namespace: &str, artifact: &str) -> SourceKind {
+    index
+        .artifact(namespace, artifact)
+        .and_then(|a| a.owner.as_ref())
+        .map(|o| SourceKind::new(&*o.source.group, &*o.source.kind))
+        .unwrap_or_else(|| SourceKind::new(api::GROUP, api::KIND))
+}
+
+#[cfg(test)]
+mod tests;

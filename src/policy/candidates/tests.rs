@@ -1,0 +1,186 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::*;
+use crate::api::{Artifact, ArtifactSpec};
+use crate::index::IndexedArtifact;
+
+fn facts() -> Facts {
+    let mut facts = Facts {
+        synced: true,
+        ..Facts::default()
+    };
+    for (kind, group) in [
+        ("HttpSource", "source.openflux.dev"),
+        ("Widget", "zz.example.test"),
+        ("Thing", "example.test"),
+        ("Artifact", "openflux.dev"),
+    ] {
+        facts
+            .kinds
+            .entry(kind.to_string())
+            .or_default()
+            .insert(group.to_string());
+    }
+    facts
+}
+
+fn index() -> OwnerIndex {
+    let mut a = Artifact::new(
+        "w1",
+        ArtifactSpec {
+            url: "http://storage/a.tar.gz".into(),
+            revision: "r1".into(),
+            ..Default::default()
+        },
+    );
+    a.metadata.namespace = Some("team-b".into());
+    a.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "zz.example.test/v1".into(),
+        kind: "Widget".into(),
+        name: "w".into(),
+        uid: "uid-w".into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    let mut loose = a.clone();
+    loose.metadata.name = Some("loose".into());
+    loose.metadata.owner_references = None;
+    let mut idx = OwnerIndex::new();
+    idx.reset([a, loose].iter().filter_map(IndexedArtifact::from_artifact));
+    idx
+}
+
+fn kinds(list: &[(&str, &str)]) -> Reading {
+    Reading::Export(list.iter().map(|(g, k)| SourceKind::new(*g, *k)).collect())
+}
+
+#[test]
+fn references_are_read_as_the_sources_their_names_may_stand_for() {
+    let flux = Some("source.toolkit.fluxcd.io/v1");
+    let long = "a".repeat(MAX_NAME);
+    let cases: Vec<(&str, Option<&str>, &str, &str, Reading)> = vec![
+        (
+            "a stock OCIRepository",
+            flux,
+            "OCIRepository",
+            "podinfo",
+            Reading::NotAnExport,
+        ),
+        (
+            "two dots are no export",
+            flux,
+            "OCIRepository",
+            "app.v1.example",
+            Reading::NotAnExport,
+        ),
+        (
+            "not an export kind",
+            flux,
+            "GitRepository",
+            "web.httpsource.source.openflux.dev",
+            Reading::NotAnExport,
+        ),
+        (
+            "a custom kind is not an export",
+            Some("source.openflux.dev/v1"),
+            "ExternalArtifact",
+            "web.httpsource.source.openflux.dev",
+            Reading::NotAnExport,
+        ),
+        (
+            "an HttpSource export",
+            flux,
+            "ExternalArtifact",
+            "web.httpsource.source.openflux.dev",
+            kinds(&[("source.openflux.dev", "HttpSource")]),
+        ),
+        (
+            "a shadow, apiVersion left out",
+            None,
+            "OCIRepository",
+            "web.httpsource.source.openflux.dev",
+            kinds(&[("source.openflux.dev", "HttpSource")]),
+        ),
+        (
+            "a dotted source name",
+            flux,
+            "ExternalArtifact",
+            "my.web.httpsource.source.openflux.dev",
+            kinds(&[("source.openflux.dev", "HttpSource")]),
+        ),
+        (
+            "two served readings both count",
+            flux,
+            "ExternalArtifact",
+            "x.widget.zz.example.test",
+            kinds(&[("zz.example.test", "Widget")]),
+        ),
+        (
+            "a name that reads as two served kinds",
+            flux,
+            "ExternalArtifact",
+            "x.thing.zz.thing.example.test",
+            kinds(&[("example.test", "Thing")]),
+        ),
+        (
+            "no served kind: every reading",
+            flux,
+            "ExternalArtifact",
+            "x.gizmo.new.example.test",
+            kinds(&[("example.test", "new"), ("new.example.test", "gizmo")]),
+        ),
+        (
+            "an Artifact's export stands for its owner",
+            flux,
+            "ExternalArtifact",
+            "w1.artifact.openflux.dev",
+            kinds(&[("zz.example.test", "Widget")]),
+        ),
+        (
+            "an ownerless Artifact's export",
+            flux,
+            "ExternalArtifact",
+            "loose.artifact.openflux.dev",
+            kinds(&[("openflux.dev", "Artifact")]),
+        ),
+        (
+            "an unknown Artifact's export",
+            flux,
+            "ExternalArtifact",
+            "nope.artifact.openflux.dev",
+            kinds(&[("openflux.dev", "Artifact")]),
+        ),
+        (
+            "a name cut to the limit",
+            flux,
+            "ExternalArtifact",
+            &long,
+            kinds(&[]),
+        ),
+    ];
+    let (index, facts) = (index(), facts());
+    for (what, api_version, kind, name, want) in cases {
+        assert_eq!(
+            read(api_version, kind, name, "team-b", &index, &facts),
+            want,
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn the_shape_test_matches_every_name_openflux_gives_a_source() {
+    for (group, kind, name) in [
+        ("source.openflux.dev", "HttpSource", "web"),
+        ("a.b", "K", "x"),
+        ("zz.example.test", "Widget", &*"n".repeat(250)),
+    ] {
+        let export = crate::names::identity::source_export_name(group, kind, name);
+        assert!(has_export_shape(&export), "{export}");
+    }
+    assert!(has_export_shape(
+        &crate::names::identity::artifact_export_name("a")
+    ));
+    assert!(!has_export_shape("podinfo"));
+    assert!(!has_export_shape("podinfo.v1.example"));
+}

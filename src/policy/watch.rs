@@ -1,0 +1,157 @@
+//! Keeps [`Policies`] from two cluster-wide watches: the SourcePolicies and
+//! the namespaces' labels (metadata only). The webhook reads the result
+//! under a read lock, so a change of a policy or of a namespace's labels
+//! takes effect for the next admission, with no API call per request.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch as signal;
+
+use super::{Policies, Rule};
+use crate::api::policy::SourcePolicy;
+use crate::locks;
+
+/// One watch event, reduced to what [`Policies`] keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen<T> {
+    Applied(String, T),
+    Deleted(String),
+    /// A new complete list begins.
+    Listing,
+    /// One object of the list.
+    Listed(String, T),
+    /// The list is complete.
+    Complete,
+}
+
+/// A map kept from watch events: a relist replaces it whole when complete.
+#[derive(Clone, Debug)]
+pub struct Kept<T> {
+    pub live: BTreeMap<String, T>,
+    listing: Option<BTreeMap<String, T>>,
+    pub synced: bool,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            live: BTreeMap::new(),
+            listing: None,
+            synced: false,
+        }
+    }
+}
+
+impl<T> Kept<T> {
+    /// Applies one event; true when `live` changed.
+    pub fn see(&mut self, seen: Seen<T>) -> bool {
+        match seen {
+            Seen::Applied(name, value) => {
+                self.live.insert(name, value);
+                true
+            }
+            Seen::Deleted(name) => self.live.remove(&name).is_some(),
+            Seen::Listing => {
+                self.listing = Some(BTreeMap::new());
+                false
+            }
+            Seen::Listed(name, value) => {
+                self.listing
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(name, value);
+                false
+            }
+            Seen::Complete => {
+                self.live = self.listing.take().unwrap_or_default();
+                self.synced = true;
+                true
+            }
+        }
+    }
+}
+
+fn seen<K, T>(event: watcher::Event<K>, map: impl Fn(&K) -> T) -> Seen<T>
+where
+    K: ResourceExt,
+{
+    match event {
+        watcher::Event::Apply(o) => Seen::Applied(o.name_any(), map(&o)),
+        watcher::Event::Delete(o) => Seen::Deleted(o.name_any()),
+        watcher::Event::Init => Seen::Listing,
+        watcher::Event::InitApply(o) => Seen::Listed(o.name_any(), map(&o)),
+        watcher::Event::InitDone => Seen::Complete,
+    }
+}
+
+/// Watches SourcePolicies and namespaces until `stop` turns true, keeping
+/// `shared` (unsynced until both watches have listed once). Watch errors
+/// are retried with backoff and logged; what was kept stays in force.
+pub async fn run(client: Client, shared: Arc<RwLock<Policies>>, mut stop: signal::Receiver<bool>) {
+    locks::write(&shared).synced = false;
+    let config = watcher::Config::default().any_semantic();
+    let mut policies = watcher(Api::<SourcePolicy>::all(client.clone()), config.clone())
+        .default_backoff()
+        .map_ok(|e| Either::Policy(seen(e, |p: &SourcePolicy| Rule::from(p))))
+        .boxed();
+    let mut namespaces = watcher(Api::<PartialObjectMeta<Namespace>>::all(client), config)
+        .default_backoff()
+        .map_ok(|e| Either::Namespace(seen(e, |n| n.labels().clone())))
+        .boxed();
+    let mut rules: Kept<Rule> = Kept::default();
+    let mut labels: Kept<BTreeMap<String, String>> = Kept::default();
+    loop {
+        let event = tokio::select! {
+            e = policies.try_next() => e,
+            e = namespaces.try_next() => e,
+            _ = stop.changed() => return,
+        };
+        let changed = match event {
+            Ok(Some(Either::Policy(seen))) => rules.see(seen),
+            Ok(Some(Either::Namespace(seen))) => labels.see(seen),
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "watch of SourcePolicies or namespaces failed; retrying");
+                continue;
+            }
+        };
+        if changed {
+            let mut policies = locks::write(&shared);
+            policies.rules = rules.live.clone();
+            policies.namespaces = labels.live.clone();
+            policies.synced = rules.synced && labels.synced;
+        }
+    }
+}
+
+enum Either {
+    Policy(Seen<Rule>),
+    Namespace(Seen<BTreeMap<String, String>>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relist_replaces_what_was_kept_when_complete() {
+        let mut kept: Kept<u8> = Kept::default();
+        assert!(kept.see(Seen::Applied("a".into(), 1)));
+        assert!(!kept.synced);
+        assert!(!kept.see(Seen::Listing));
+        assert!(!kept.see(Seen::Listed("b".into(), 2)));
+        // Until the list is complete the old state stays in force.
+        assert_eq!(kept.live.keys().collect::<Vec<_>>(), ["a"]);
+        assert!(kept.see(Seen::Complete));
+        assert!(kept.synced);
+        assert_eq!(kept.live.keys().collect::<Vec<_>>(), ["b"]);
+        assert!(kept.see(Seen::Deleted("b".into())));
+        assert!(!kept.see(Seen::Deleted("b".into())));
+        assert!(kept.live.is_empty());
+    }
+}

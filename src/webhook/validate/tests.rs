@@ -1,0 +1,311 @@
+use serde_json::{json, Value};
+
+use super::*;
+use crate::cluster::facts::Facts;
+use crate::index::OwnerIndex;
+use crate::policy::{Policies, Rule};
+use crate::webhook::review;
+
+const FLUX: &str = "source.toolkit.fluxcd.io/v1";
+const HTTP_EXPORT: &str = "web.httpsource.source.openflux.dev";
+const WIDGET_EXPORT: &str = "w.widget.zz.example.test";
+
+fn facts() -> Facts {
+    let mut facts = Facts {
+        synced: true,
+        ..Facts::default()
+    };
+    for consumer in crate::consumers::table::CONSUMERS.iter() {
+        let choice = crate::cluster::target::Choice {
+            target: crate::cluster::target::Target::ExternalArtifact,
+            reason: "test".into(),
+        };
+        facts.choices.insert(consumer.kind, Ok(choice));
+    }
+    for (kind, group) in [
+        ("HttpSource", "source.openflux.dev"),
+        ("Widget", "zz.example.test"),
+    ] {
+        facts
+            .kinds
+            .entry(kind.to_string())
+            .or_default()
+            .insert(group.to_string());
+    }
+    facts
+}
+
+fn index() -> OwnerIndex {
+    let mut idx = OwnerIndex::new();
+    idx.reset([]);
+    idx
+}
+
+/// Tenant A may use HttpSource, tenant B Widget; `open` has no policy.
+fn policies() -> Policies {
+    let rule = |name: &str, team: &str, group: &str, kind: &str| {
+        let rule = Rule {
+            name: name.into(),
+            selector: serde_json::from_value(json!({"matchLabels": {"team": team}})).unwrap(),
+            allowed: vec![crate::api::policy::AllowedKind {
+                group: group.into(),
+                kind: kind.into(),
+            }],
+        };
+        (name.to_string(), rule)
+    };
+    Policies {
+        synced: true,
+        rules: [
+            rule("tenant-a", "a", "source.openflux.dev", "HttpSource"),
+            rule("tenant-b", "b", "zz.example.test", "Widget"),
+        ]
+        .into_iter()
+        .collect(),
+        namespaces: [("team-a", "a"), ("team-b", "b"), ("open", "c")]
+            .into_iter()
+            .map(|(ns, team)| {
+                (
+                    ns.to_string(),
+                    [("team".to_string(), team.to_string())].into(),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn review(resource: (&str, &str, &str), namespace: &str, spec: Value) -> Vec<u8> {
+    let (group, version, plural) = resource;
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": group, "version": version, "kind": "X"},
+            "resource": {"group": group, "version": version, "resource": plural},
+            "name": "app",
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "tenant"},
+            "object": {"metadata": {"name": "app", "namespace": namespace}, "spec": spec}
+        }
+    }))
+    .unwrap()
+}
+
+const KS: (&str, &str, &str) = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations");
+const HR: (&str, &str, &str) = ("helm.toolkit.fluxcd.io", "v2", "helmreleases");
+const AG: (&str, &str, &str) = (
+    "source.extensions.fluxcd.io",
+    "v1beta1",
+    "artifactgenerators",
+);
+
+fn ks(namespace: &str, source_ref: Value) -> Vec<u8> {
+    review(
+        KS,
+        namespace,
+        json!({"sourceRef": source_ref, "path": "./"}),
+    )
+}
+
+fn validate(body: &[u8], policies: &Policies, options: &Options) -> Decision {
+    let (index, facts) = (index(), facts());
+    let view = View {
+        index: &index,
+        facts: &facts,
+        policies,
+    };
+    decide(&review::parse(body).unwrap(), view, options)
+}
+
+fn mutate(body: &[u8], policies: &Policies) -> Decision {
+    let (index, facts) = (index(), facts());
+    let view = View {
+        index: &index,
+        facts: &facts,
+        policies,
+    };
+    crate::webhook::answer::answer(body, view, &Options::default())
+        .decision
+        .unwrap()
+}
+
+fn denial(decision: &Decision) -> &str {
+    match decision {
+        Decision::Deny { message } => message,
+        other => panic!("not denied: {other:?}"),
+    }
+}
+
+#[test]
+fn a_direct_reference_to_an_export_is_judged_by_its_source_kind() {
+    let ea = |name: &str| json!({"kind": "ExternalArtifact", "apiVersion": FLUX, "name": name});
+    let shadow = |name: &str| json!({"kind": "OCIRepository", "name": name});
+    let deny = |policy: &str, kind: &str| Some((policy.to_string(), kind.to_string()));
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(&str, Vec<u8>, Option<(String, String)>)> = vec![
+        (
+            "A names its HttpSource export",
+            ks("team-a", ea(HTTP_EXPORT)),
+            None,
+        ),
+        (
+            "A names a Widget export",
+            ks("team-a", ea(WIDGET_EXPORT)),
+            deny("tenant-a", "Widget.zz.example.test"),
+        ),
+        (
+            "A names a Widget shadow",
+            ks("team-a", shadow(WIDGET_EXPORT)),
+            deny("tenant-a", "Widget.zz.example.test"),
+        ),
+        (
+            "B names an HttpSource export",
+            ks("team-b", ea(HTTP_EXPORT)),
+            deny("tenant-b", "HttpSource.source.openflux.dev"),
+        ),
+        (
+            "B names its Widget export",
+            ks("team-b", ea(WIDGET_EXPORT)),
+            None,
+        ),
+        (
+            "a namespace no policy selects",
+            ks("open", ea(WIDGET_EXPORT)),
+            None,
+        ),
+        (
+            "A names a stock OCIRepository",
+            ks("team-a", shadow("podinfo")),
+            None,
+        ),
+        (
+            "A names the export in B's namespace",
+            ks(
+                "team-a",
+                json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT, "namespace": "team-b"}),
+            ),
+            deny("tenant-a", "Widget.zz.example.test"),
+        ),
+        (
+            "a HelmRelease chartRef",
+            review(HR, "team-b", json!({"chartRef": ea(HTTP_EXPORT)})),
+            deny("tenant-b", "HttpSource.source.openflux.dev"),
+        ),
+        (
+            "an ArtifactGenerator, one entry of two",
+            review(
+                AG,
+                "team-a",
+                json!({"sources": [
+            {"alias": "one", "kind": "ExternalArtifact", "name": HTTP_EXPORT},
+            {"alias": "two", "kind": "ExternalArtifact", "name": WIDGET_EXPORT}]}),
+            ),
+            deny("tenant-a", "Widget.zz.example.test"),
+        ),
+        (
+            "an export of a kind no API serves",
+            ks("team-a", ea("x.gizmo.new.example.test")),
+            deny("tenant-a", "new.example.test"),
+        ),
+    ];
+    for (what, body, want) in cases {
+        let decision = validate(&body, &policies(), &Options::default());
+        match want {
+            None => assert_eq!(decision, Decision::Unchanged, "{what}"),
+            Some((policy, kind)) => {
+                let message = denial(&decision);
+                assert!(
+                    message.contains(&format!("SourcePolicy {policy} ")),
+                    "{what}: {message}"
+                );
+                assert!(
+                    message.contains(&format!("a source of kind {kind},")),
+                    "{what}: {message}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cross_namespace_rule_holds_for_a_direct_reference() {
+    let body = ks(
+        "open",
+        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT, "namespace": "team-b"}),
+    );
+    let strict = Options {
+        no_cross_namespace_refs: true,
+    };
+    assert_eq!(
+        validate(&body, &policies(), &Options::default()),
+        Decision::Unchanged
+    );
+    let message = denial(&validate(&body, &crate::policy::NONE, &strict)).to_string();
+    assert!(message.contains("--no-cross-namespace-refs"), "{message}");
+    // A stock source in another namespace is Flux's to judge.
+    let stock = ks(
+        "open",
+        json!({"kind": "OCIRepository", "name": "podinfo", "namespace": "x"}),
+    );
+    assert_eq!(
+        validate(&stock, &crate::policy::NONE, &strict),
+        Decision::Unchanged
+    );
+}
+
+#[test]
+fn nothing_is_judged_before_the_policies_are_loaded_but_stock_references_pass() {
+    let unsynced = Policies {
+        synced: false,
+        ..Policies::default()
+    };
+    let export = ks(
+        "open",
+        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+    );
+    assert!(matches!(
+        validate(&export, &unsynced, &Options::default()),
+        Decision::Error { code: 503, .. }
+    ));
+    let stock = ks("open", json!({"kind": "OCIRepository", "name": "podinfo"}));
+    assert_eq!(
+        validate(&stock, &unsynced, &Options::default()),
+        Decision::Unchanged
+    );
+}
+
+#[test]
+fn the_mutating_webhook_denies_its_own_rewrite_by_the_same_rule() {
+    let http = json!({"kind": "HttpSource", "apiVersion": "source.openflux.dev/v1", "name": "web"});
+    let widget = json!({"kind": "Widget", "apiVersion": "zz.example.test/v1", "name": "w"});
+    assert!(matches!(
+        mutate(&ks("team-a", http.clone()), &policies()),
+        Decision::Rewrite { .. }
+    ));
+    assert!(matches!(
+        mutate(&ks("team-b", widget.clone()), &policies()),
+        Decision::Rewrite { .. }
+    ));
+    assert!(matches!(
+        mutate(&ks("open", widget.clone()), &policies()),
+        Decision::Rewrite { .. }
+    ));
+    let denied = mutate(&ks("team-b", http), &policies());
+    assert_eq!(
+        denial(&denied),
+        "openflux: Kustomization team-b/app refers to HttpSource team-b/web (exported as \
+         web.httpsource.source.openflux.dev) in spec.sourceRef, a source of kind HttpSource.source.openflux.dev, \
+         which SourcePolicy tenant-b (selecting namespace team-b) does not allow; use a source of an allowed \
+         kind, or ask an administrator to allow HttpSource.source.openflux.dev for this namespace"
+    );
+    let denied = mutate(&ks("team-a", widget), &policies());
+    assert!(denial(&denied).contains("SourcePolicy tenant-a "));
+    // Without policies the rewrite is what it always was.
+    let http = json!({"kind": "HttpSource", "apiVersion": "source.openflux.dev/v1", "name": "web"});
+    assert!(matches!(
+        mutate(&ks("team-b", http), &crate::policy::NONE),
+        Decision::Rewrite { .. }
+    ));
+}
