@@ -352,3 +352,78 @@ async fn tenants_use_only_the_source_kinds_their_policies_allow_however_they_ref
     b.delete().await;
     open.delete().await;
 }
+
+/// With openflux down (its webhook configurations point at an address
+/// nothing listens on), the API server still admits every consumer whose
+/// reference cannot name an export, and refuses the ones that may: the
+/// validating configuration's `matchConditions` decide, run by the API
+/// server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_openflux_is_down_only_references_that_may_name_an_export_are_refused() {
+    let env = cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["kustomizations.kustomize.toolkit.fluxcd.io"]).await;
+    let ns = env.namespace("openflux-down").await;
+    let n = ns.name().to_string();
+    let nowhere = support::openflux::free_addr();
+    let webhook = support::webhook::local_webhook(&env, "openflux-down", &n, nowhere).await;
+    // The configuration takes effect shortly after it is written: wait
+    // until a custom reference is refused for want of openflux.
+    wait_for("the webhook configurations in force", TIMEOUT, || async {
+        admit(
+            &env,
+            &n,
+            &export_ref("ExternalArtifact", &http_export("web")),
+        )
+        .await
+        .err()
+        .filter(|m| m.contains("kustomizations.validate.openflux.dev"))
+    })
+    .await;
+    for (what, r) in [
+        ("a GitRepository", export_ref("GitRepository", "podinfo")),
+        ("an OCIRepository", export_ref("OCIRepository", "podinfo")),
+        (
+            "an ExternalArtifact",
+            export_ref("ExternalArtifact", "my-artifact"),
+        ),
+        (
+            "a name with two dots",
+            export_ref("OCIRepository", "app.v1.example"),
+        ),
+        (
+            "a GitRepository named like an export",
+            export_ref("GitRepository", &http_export("web")),
+        ),
+    ] {
+        assert_admitted(&format!("openflux down, {what}"), admit(&env, &n, &r).await);
+    }
+    for (what, r, webhook_name) in [
+        (
+            "an HttpSource",
+            http_ref("web"),
+            "kustomizations.openflux.dev",
+        ),
+        (
+            "an HttpSource export",
+            export_ref("ExternalArtifact", &http_export("web")),
+            "kustomizations.validate.openflux.dev",
+        ),
+        (
+            "a shadow",
+            export_ref("OCIRepository", &widget_export("w")),
+            "kustomizations.validate.openflux.dev",
+        ),
+    ] {
+        let message = admit(&env, &n, &r)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("openflux down, {what}: admitted"));
+        assert!(
+            message.contains(&format!("failed calling webhook \"{webhook_name}\"")),
+            "openflux down, {what}: {message}"
+        );
+    }
+    drop(webhook);
+    ns.delete().await;
+}
