@@ -5,7 +5,8 @@
 //! A ServiceAccount bound in its namespace to Kubernetes' `admin` or `edit`
 //! role creates, changes and deletes HttpSources and Artifacts there; one
 //! bound to `view` reads them and is refused every write; none of them may
-//! write an HttpSource's status (whoever may, speaks for the source).
+//! write an HttpSource's status (whoever may, speaks for the source), nor a
+//! SourcePolicy.
 
 use openflux_testkit as support;
 
@@ -202,5 +203,34 @@ async fn namespace_admins_and_editors_use_custom_sources_and_viewers_only_read()
     assert!(
         is_forbidden(support::apply(&admin, &http_source(other.name(), "x")).await),
         "a namespace admin's rights end at its namespace"
+    );
+
+    // SourcePolicies are cluster-scoped and restrict whole namespaces: the
+    // aggregated roles only read them, and a RoleBinding grants nothing
+    // cluster-scoped, so a namespace admin cannot lift its own restriction.
+    aggregated(&env, "view", "openflux.dev", "sourcepolicies").await;
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(env.client.clone());
+    for role in ["admin", "edit", "view"] {
+        let rules = roles.get(role).await.expect("the aggregated role").rules;
+        let writes: Vec<_> = rules
+            .iter()
+            .flatten()
+            .filter(|r| r.resources.iter().flatten().any(|x| x == "sourcepolicies"))
+            .flat_map(|r| r.verbs.clone())
+            .filter(|v| !["get", "list", "watch"].contains(&v.as_str()))
+            .collect();
+        assert!(
+            writes.is_empty(),
+            "{role} may write SourcePolicies: {writes:?}"
+        );
+    }
+    let policy = json!({
+        "apiVersion": "openflux.dev/v1alpha1", "kind": "SourcePolicy",
+        "metadata": {"name": support::unique_name("roles")},
+        "spec": {"allowedKinds": [{"group": "sources.openflux.dev", "kind": "*"}]}
+    });
+    assert!(
+        is_forbidden(support::apply(&admin, &policy).await),
+        "a namespace admin may not write a SourcePolicy"
     );
 }
