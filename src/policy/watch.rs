@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{watcher, WatchStreamExt};
@@ -16,6 +16,7 @@ use tokio::sync::watch as signal;
 use super::{Policies, Rule};
 use crate::api::policy::SourcePolicy;
 use crate::locks;
+use crate::telemetry::Readiness;
 
 /// One watch event, reduced to what [`Policies`] keeps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,34 +93,67 @@ where
 /// Watches SourcePolicies and namespaces until `stop` turns true, keeping
 /// `shared` (unsynced until both watches have listed once). Watch errors
 /// are retried with backoff and logged; what was kept stays in force.
-pub async fn run(client: Client, shared: Arc<RwLock<Policies>>, mut stop: signal::Receiver<bool>) {
+/// `readiness`, when given, holds the replica's readiness back until both
+/// have listed, and marks them broken while they fail.
+pub async fn run(
+    client: Client,
+    shared: Arc<RwLock<Policies>>,
+    readiness: Option<Arc<Readiness>>,
+    mut stop: signal::Receiver<bool>,
+) {
     locks::write(&shared).synced = false;
+    let mut guards = readiness.map(|r| {
+        [
+            r.serving_watch("sourcepolicies.openflux.dev"),
+            r.serving_watch("namespaces (labels)"),
+        ]
+    });
     let config = watcher::Config::default().any_semantic();
     let mut policies = watcher(Api::<SourcePolicy>::all(client.clone()), config.clone())
         .default_backoff()
-        .map_ok(|e| Either::Policy(seen(e, |p: &SourcePolicy| Rule::from(p))))
+        .map(|e| {
+            (
+                0,
+                e.map(|e| Either::Policy(seen(e, |p: &SourcePolicy| Rule::from(p)))),
+            )
+        })
         .boxed();
     let mut namespaces = watcher(Api::<PartialObjectMeta<Namespace>>::all(client), config)
         .default_backoff()
-        .map_ok(|e| Either::Namespace(seen(e, |n| n.labels().clone())))
+        .map(|e| {
+            (
+                1,
+                e.map(|e| Either::Namespace(seen(e, |n| n.labels().clone()))),
+            )
+        })
         .boxed();
     let mut rules: Kept<Rule> = Kept::default();
     let mut labels: Kept<BTreeMap<String, String>> = Kept::default();
     loop {
-        let event = tokio::select! {
-            e = policies.try_next() => e,
-            e = namespaces.try_next() => e,
+        let next = tokio::select! {
+            e = policies.next() => e,
+            e = namespaces.next() => e,
             _ = stop.changed() => return,
         };
+        let Some((which, event)) = next else { return };
+        let guard = guards.as_mut().map(|g| &mut g[which]);
         let changed = match event {
-            Ok(Some(Either::Policy(seen))) => rules.see(seen),
-            Ok(Some(Either::Namespace(seen))) => labels.see(seen),
-            Ok(None) => return,
+            Ok(Either::Policy(seen)) => rules.see(seen),
+            Ok(Either::Namespace(seen)) => labels.see(seen),
             Err(error) => {
+                if let Some(guard) = guard {
+                    guard.failed();
+                }
                 tracing::warn!(%error, "watch of SourcePolicies or namespaces failed; retrying");
                 continue;
             }
         };
+        if let Some(guard) = guard {
+            guard.ok();
+            if [rules.synced, labels.synced][which] {
+                guard.synced();
+            }
+        }
         if changed {
             let mut policies = locks::write(&shared);
             policies.rules = rules.live.clone();

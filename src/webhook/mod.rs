@@ -162,6 +162,7 @@ pub async fn serve_on(
         tasks.spawn(crate::policy::watch::run(
             client.clone(),
             knowledge.policies.clone(),
+            knowledge.readiness.clone(),
             stop_rx.clone(),
         ));
     }

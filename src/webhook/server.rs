@@ -65,6 +65,9 @@ pub struct Knowledge {
     pub index: Arc<RwLock<OwnerIndex>>,
     pub facts: Arc<RwLock<Facts>>,
     pub policies: Arc<RwLock<Policies>>,
+    /// The replica's readiness, held back until the policies are loaded
+    /// (none: readiness is not reported).
+    pub readiness: Option<Arc<crate::telemetry::Readiness>>,
 }
 
 impl Default for Knowledge {
@@ -73,6 +76,7 @@ impl Default for Knowledge {
             index: Arc::default(),
             facts: Arc::default(),
             policies: Arc::new(RwLock::new(crate::policy::NONE.clone())),
+            readiness: None,
         }
     }
 }
