@@ -145,18 +145,24 @@ fn judge(
                 ),
             };
         }
-        if !view.policies.synced || !view.index.is_synced() || !view.facts.synced {
-            return Decision::Error {
-                code: 503,
-                message: format!(
-                    "openflux has not finished loading its SourcePolicies, namespaces and source kinds and cannot \
-                     check {} {source_ns}/{} yet; retry in a few seconds",
-                    r.kind, r.name
-                ),
-            };
+        let loading = |what: &str| {
+            Decision::Error {
+            code: 503,
+            message: format!(
+                "openflux has not finished loading its {what} and cannot check {} {source_ns}/{} yet; retry in a \
+                 few seconds",
+                r.kind, r.name
+            ),
+        }
+        };
+        if !view.policies.synced {
+            return loading("SourcePolicies and namespaces");
         }
         if !view.policies.restricts(namespace) {
             continue;
+        }
+        if !view.index.is_synced() || !view.facts.synced {
+            return loading("Artifacts and source kinds");
         }
         let Reading::Export(kinds) = candidates::read(
             api_version,
@@ -172,6 +178,7 @@ fn judge(
         let what = original
             .and_then(|o| o.pointer(found.pointer.as_str()))
             .and_then(|v| SourceRef::from_value(v).ok())
+            .filter(|o| o.name != r.name)
             .map(|o| {
                 let ns = o.namespace.as_deref().unwrap_or(namespace);
                 format!("{} {ns}/{} (exported as {})", o.kind, o.name, r.name)
