@@ -6,7 +6,8 @@
 //! third namespace no policy selects may use both. Each rule holds for a
 //! reference to the source (rewritten by the mutating webhook) and for a
 //! reference that names the source's export directly (which only the
-//! validating webhook sees), with the denial naming the policy and the kind.
+//! validating webhook sees, whether the export exists yet or openflux made
+//! it from a real source), with the denial naming the policy and the kind.
 //! A change of a namespace's labels or of a policy takes effect for the next
 //! admission.
 
@@ -119,6 +120,38 @@ async fn policy(env: &Env, name: &str, tenant: &str, allowed: &[(&str, &str)]) {
     }))
     .await
     .expect("writing the SourcePolicy");
+}
+
+/// A TestSource `name` of `ns` with an Artifact owned by it, once openflux
+/// has exported it; returns the reference a consumer would name the export
+/// by.
+async fn exported_widget(env: &Env, ns: &str, name: &str) -> Value {
+    let api_version = format!("{WIDGET_GROUP}/v1");
+    let source = env
+        .apply(&json!({
+            "apiVersion": api_version, "kind": "TestSource",
+            "metadata": {"name": name, "namespace": ns}, "spec": {}
+        }))
+        .await
+        .expect("creating the TestSource");
+    let spec = support::openflux::publish(
+        env.fixtures(),
+        ns,
+        name,
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml(name))],
+    );
+    env.apply(&json!({
+        "apiVersion": POLICY, "kind": "Artifact",
+        "metadata": {"name": name, "namespace": ns, "ownerReferences": [
+            {"apiVersion": api_version, "kind": "TestSource", "name": name,
+             "uid": source.metadata.uid.clone().expect("uid"), "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("writing the Artifact");
+    let (_, export) = support::exports::wait_export(env, ns, name, |_| true).await;
+    support::exports::reference_to(&export)
 }
 
 /// Points both of the test's webhook configurations at `namespaces`.
@@ -260,6 +293,18 @@ async fn tenants_use_only_the_source_kinds_their_policies_allow_however_they_ref
             &http_kind,
         );
     }
+    // The export openflux really made of a TestSource in A's namespace (a
+    // policy restricts consumers, not producers) has the name the webhook
+    // reads, and naming it is denied.
+    let real = exported_widget(&env, &na, "real").await;
+    assert_eq!(real["name"], json!(widget_export("real")), "{real}");
+    assert_denied(
+        "A names the export openflux made of its TestSource",
+        admit(&env, &na, &real).await,
+        validating,
+        &policy_a,
+        &widget_kind,
+    );
     let mut cross = export_ref("ExternalArtifact", &widget_export("w"));
     cross["namespace"] = json!(nb);
     assert_denied(
