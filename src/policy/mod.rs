@@ -141,6 +141,14 @@ impl Policies {
         self.rules.values().filter(|r| r.selects(labels)).collect()
     }
 
+    /// Whether the namespace's labels are known, or need not be (no policy
+    /// exists). A namespace created a moment ago may not have reached the
+    /// watch yet; judging it without its labels could miss the policies
+    /// that select it, so it is not judged until it has.
+    pub fn knows(&self, namespace: &str) -> bool {
+        self.rules.is_empty() || self.namespaces.contains_key(namespace)
+    }
+
     /// Whether any policy selects `namespace`: the cheap test before the
     /// candidates of a reference are worked out.
     pub fn restricts(&self, namespace: &str) -> bool {

@@ -300,3 +300,16 @@ fn denials_name_the_policies_the_kind_and_the_way_out() {
         None
     );
 }
+
+#[test]
+fn a_namespace_not_seen_yet_is_known_only_while_no_policy_exists() {
+    let none = policies(vec![]);
+    assert!(none.knows("new"));
+    let some = policies(vec![rule(
+        "team-a",
+        json!({"matchLabels": {"team": "a"}}),
+        &[HTTP],
+    )]);
+    assert!(!some.knows("new"));
+    assert!(some.knows("plain"));
+}

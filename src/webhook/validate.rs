@@ -66,7 +66,8 @@ pub fn check_rewrite(
     let consumer = table::find(&request.resource.group, &request.resource.resource)?;
     let object = request.object.as_ref()?;
     let namespace = namespace_of(request, object)?;
-    if view.policies.synced && !view.policies.restricts(&namespace) {
+    let policies = view.policies;
+    if policies.synced && policies.knows(&namespace) && !policies.restricts(&namespace) {
         return None;
     }
     let mut rewritten = object.clone();
@@ -155,7 +156,7 @@ fn judge(
             ),
         }
         };
-        if !view.policies.synced {
+        if !view.policies.synced || !view.policies.knows(namespace) {
             return loading("SourcePolicies and namespaces");
         }
         if !view.policies.restricts(namespace) {

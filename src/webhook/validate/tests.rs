@@ -274,6 +274,56 @@ fn nothing_is_judged_before_the_policies_are_loaded_but_stock_references_pass() 
         validate(&stock, &unsynced, &Options::default()),
         Decision::Unchanged
     );
+    // Before the source kinds are known, only a restricted namespace waits.
+    let (index, facts, policies) = (index(), Facts::default(), policies());
+    let view = View {
+        index: &index,
+        facts: &facts,
+        policies: &policies,
+    };
+    let decide_in = |ns: &str| {
+        let body = ks(
+            ns,
+            json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+        );
+        decide(&review::parse(&body).unwrap(), view, &Options::default())
+    };
+    assert_eq!(decide_in("open"), Decision::Unchanged);
+    assert!(matches!(
+        decide_in("team-a"),
+        Decision::Error { code: 503, .. }
+    ));
+}
+
+#[test]
+fn a_namespace_the_watch_has_not_seen_is_not_judged_without_its_labels() {
+    // It may carry a policy's labels: not judged without them, on either
+    // path (the API server's retry, or Flux's next reconcile, comes after
+    // the watch has seen it).
+    let export = ks(
+        "brand-new",
+        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+    );
+    let validated = validate(&export, &policies(), &Options::default());
+    assert!(
+        matches!(validated, Decision::Error { code: 503, .. }),
+        "{validated:?}"
+    );
+    let widget = json!({"kind": "Widget", "apiVersion": "zz.example.test/v1", "name": "w"});
+    let mutated = mutate(&ks("brand-new", widget.clone()), &policies());
+    assert!(
+        matches!(mutated, Decision::Error { code: 503, .. }),
+        "{mutated:?}"
+    );
+    // Without any policy there is nothing to wait for.
+    let none = Policies {
+        synced: true,
+        ..Policies::default()
+    };
+    assert!(matches!(
+        mutate(&ks("brand-new", widget), &none),
+        Decision::Rewrite { .. }
+    ));
 }
 
 #[test]
