@@ -333,6 +333,11 @@ impl OwnerIndex {
         }
         counts
     }
+
+    /// The sources that have Artifacts, in no order.
+    pub fn sources(&self) -> impl Iterator<Item = &SourceKey> {
+        self.by_source.keys()
+    }
 }
 
 fn kind_key(source: &SourceKey) -> (Text, Text, Text) {

@@ -13,13 +13,15 @@
 //! Artifact's own export (`<artifact>.artifact.openflux.dev`) stands for the
 //! Artifact's source when the owner index knows it, otherwise for kind
 //! `Artifact`. A name cut to the longest a name may be (it ends in a hash)
-//! cannot be read back: no candidate, and the policy decides without one.
+//! cannot be split: it stands for the sources with Artifacts in the
+//! namespace whose export has that name (none known: no candidate, and a
+//! restricted namespace refuses it until the source has an Artifact).
 
 use crate::api;
 use crate::cluster::facts::Facts;
 use crate::consumers::table::is_stock_ref;
 use crate::index::OwnerIndex;
-use crate::names::MAX_NAME;
+use crate::names::{identity, MAX_NAME};
 
 use super::SourceKind;
 
@@ -57,8 +59,20 @@ pub fn read(
     if !is_export_kind(api_version, kind) || !has_export_shape(name) {
         return Reading::NotAnExport;
     }
-    let cuts = cuts(name);
     let mut kinds = Vec::new();
+    if name.len() == MAX_NAME {
+        // Perhaps cut to the limit (then it ends in a hash and cannot be
+        // split): the sources openflux knows in the namespace whose export
+        // has this name.
+        kinds.extend(
+            index
+                .sources()
+                .filter(|s| &*s.namespace == namespace)
+                .filter(|s| identity::source_export_name(&s.group, &s.kind, &s.name) == name)
+                .map(|s| SourceKind::new(&*s.group, &*s.kind)),
+        );
+    }
+    let cuts = cuts(name);
     for (source, lower, group) in &cuts {
         match served_kind(facts, group, lower) {
             Some(k) if k.group == api::GROUP && k.kind == api::KIND => {
@@ -68,7 +82,7 @@ pub fn read(
             None => {}
         }
     }
-    if kinds.is_empty() {
+    if kinds.is_empty() && name.len() < MAX_NAME {
         kinds = cuts
             .iter()
             .map(|(_, kind, group)| SourceKind::new(*group, *kind))

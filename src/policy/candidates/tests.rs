@@ -45,10 +45,23 @@ fn index() -> OwnerIndex {
     let mut loose = a.clone();
     loose.metadata.name = Some("loose".into());
     loose.metadata.owner_references = None;
+    let mut long = a.clone();
+    long.metadata.name = Some("long".into());
+    if let Some(owners) = long.metadata.owner_references.as_mut() {
+        owners[0].name = LONG.repeat(250);
+        owners[0].uid = "uid-long".into();
+    }
     let mut idx = OwnerIndex::new();
-    idx.reset([a, loose].iter().filter_map(IndexedArtifact::from_artifact));
+    idx.reset(
+        [a, loose, long]
+            .iter()
+            .filter_map(IndexedArtifact::from_artifact),
+    );
     idx
 }
+
+/// The letter a long source name is made of.
+const LONG: &str = "n";
 
 fn kinds(list: &[(&str, &str)]) -> Reading {
     Reading::Export(list.iter().map(|(g, k)| SourceKind::new(*g, *k)).collect())
@@ -58,6 +71,9 @@ fn kinds(list: &[(&str, &str)]) -> Reading {
 fn references_are_read_as_the_sources_their_names_may_stand_for() {
     let flux = Some("source.toolkit.fluxcd.io/v1");
     let long = "a".repeat(MAX_NAME);
+    let cut =
+        crate::names::identity::source_export_name("zz.example.test", "Widget", &LONG.repeat(250));
+    assert_eq!(cut.len(), MAX_NAME);
     let cases: Vec<(&str, Option<&str>, &str, &str, Reading)> = vec![
         (
             "a stock OCIRepository",
@@ -151,11 +167,18 @@ fn references_are_read_as_the_sources_their_names_may_stand_for() {
             kinds(&[("openflux.dev", "Artifact")]),
         ),
         (
-            "a name cut to the limit",
+            "a name cut to the limit, no source known",
             flux,
             "ExternalArtifact",
             &long,
             kinds(&[]),
+        ),
+        (
+            "a name cut to the limit, its source known",
+            flux,
+            "ExternalArtifact",
+            &cut,
+            kinds(&[("zz.example.test", "Widget")]),
         ),
     ];
     let (index, facts) = (index(), facts());
