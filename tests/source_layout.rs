@@ -193,6 +193,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("identity", Layer::Shell),
     ("fixtures", Layer::Shell),
     ("openflux", Layer::Shell),
+    ("proxy", Layer::Shell),
     ("webhook", Layer::Shell),
     ("exports", Layer::Shell),
     ("writers", Layer::Shell),

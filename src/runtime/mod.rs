@@ -48,8 +48,9 @@ use crate::export::verify::Verifier;
 use crate::index::OwnerIndex;
 use crate::telemetry::{self, Metrics, Readiness};
 
-/// How often the leader checks Flux consumers for the ExternalArtifact gate.
-const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
+/// How often the leader checks Flux consumers for the ExternalArtifact gate
+/// (in its watches' stores: no API call).
+const GATE_CHECK_PERIOD: Duration = Duration::from_secs(10);
 /// Time the controllers get to finish their reconciles once stopped (at
 /// shutdown, or when the Lease is lost) before they are aborted.
 pub const CONTROLLERS_STOP_GRACE: Duration = Duration::from_secs(4);
@@ -223,22 +224,23 @@ impl Leading {
     /// Starts the controllers and the gate check until `term` is cancelled.
     fn start(&self, term: CancellationToken) -> JoinHandle<()> {
         self.metrics.leader.set(1);
-        tokio::spawn(gate::run(
-            self.ctx.client.clone(),
-            self.scope.namespace.clone(),
-            self.gate_metrics.clone(),
-            GATE_CHECK_PERIOD,
-            term.clone(),
-        ));
-        let controllers = Controllers::new(
+        let mut controllers = Controllers::new(
             self.ctx.clone(),
             self.facts_seen.clone(),
             self.hub.clone(),
             self.scope.clone(),
             self.concurrency,
             self.readiness.clone(),
-            term,
+            term.clone(),
         );
+        // The gate check reads the consumers the leader watches.
+        let consumers = controllers.consumers();
+        controllers.also(gate::run(
+            move |c| consumers.objects(c),
+            self.gate_metrics.clone(),
+            GATE_CHECK_PERIOD,
+            term,
+        ));
         tokio::spawn(controllers.run())
     }
 }
