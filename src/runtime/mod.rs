@@ -64,6 +64,9 @@ pub struct Shared {
     pub registry: Arc<Mutex<Registry>>,
     pub readiness: Arc<Readiness>,
     pub shutdown: CancellationToken,
+    /// The current term while this replica runs the controllers (cancelled
+    /// when it ends): what else the leader alone does runs by it.
+    pub leading: tokio::sync::watch::Receiver<Option<CancellationToken>>,
 }
 
 /// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
@@ -88,6 +91,7 @@ where
     let target_metrics = survey::TargetMetrics::register(&mut registry);
     let readiness = Arc::new(Readiness::default());
     readiness.register(&mut registry);
+    let (terms, leading) = tokio::sync::watch::channel(None);
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -95,6 +99,7 @@ where
         registry: Arc::new(Mutex::new(registry)),
         readiness,
         shutdown: CancellationToken::new(),
+        leading,
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
@@ -174,6 +179,7 @@ where
         metrics: metrics.clone(),
         concurrency: runtime.concurrent,
         readiness: shared.readiness.clone(),
+        terms,
     };
     match leader_election.enable_leader_election {
         true => {
@@ -217,12 +223,15 @@ struct Leading {
     metrics: Metrics,
     concurrency: u16,
     readiness: Arc<Readiness>,
+    /// Tells the rest of the process which term is current.
+    terms: tokio::sync::watch::Sender<Option<CancellationToken>>,
 }
 
 impl Leading {
     /// Starts the controllers and the gate check until `term` is cancelled.
     fn start(&self, term: CancellationToken) -> JoinHandle<()> {
         self.metrics.leader.set(1);
+        self.terms.send_replace(Some(term.clone()));
         tokio::spawn(gate::run(
             self.ctx.client.clone(),
             self.scope.namespace.clone(),

@@ -1,0 +1,345 @@
+//! Webhook certificates kept in a Secret of openflux's namespace, with
+//! nothing prepared by hand.
+//!
+//! - Every replica, leader or not, watches the Secret ([`serve`]) and
+//!   serves its certificate, swapped in the TLS resolver when the Secret
+//!   changes (connections open keep theirs). Until a certificate is loaded
+//!   the replica is not ready, so the Service sends it no admissions.
+//! - The elected leader keeps the Secret ([`keep`]): creates it when it is
+//!   missing (create only: when two replicas race, the one that lost reads
+//!   what won), and renews, rotates and prunes it as
+//!   [`rotation::decide`](super::rotation::decide) says, each write
+//!   conditional on the version it read.
+//!
+//! The CA bundle each replica loads goes into the webhook configurations
+//! through [`crate::webhook::cabundle`], as for any other certificate
+//! source.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::keeper::{SwappableCert, CA_FILE, CERT_FILE, KEY_FILE};
+use super::material::{material_from_pem, parse_certs};
+use super::rotation::{decide, Step, Timing};
+use super::stored::{Content, Names};
+use crate::telemetry::SyncGuard;
+
+/// Name of the Secret unless told otherwise.
+pub const DEFAULT_SECRET: &str = "openflux-webhook-tls";
+/// Label that marks the Secret as openflux's to write.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "openflux");
+/// Longest the leader goes without looking at the Secret.
+const MAX_WAIT: Duration = Duration::from_secs(300);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Where the certificates are kept and what they must be.
+#[derive(Clone, Debug)]
+pub struct SecretCerts {
+    pub namespace: String,
+    pub name: String,
+    pub names: Names,
+    pub timing: Timing,
+    /// The webhook configurations that must trust a new CA before it signs.
+    pub configurations: Vec<String>,
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    secret.data.as_ref()?.get(key).map(|b| b.0.clone())
+}
+
+/// Serves the certificate of the Secret: installs it in `resolver` and its
+/// CA bundle in `bundle` whenever it changes, marks `ready` synced at the
+/// first one, and counts every change of the Secret in `seen`. Runs until
+/// `stop` turns true or its sender goes away.
+pub async fn serve(
+    client: kube::Client,
+    certs: SecretCerts,
+    resolver: Arc<SwappableCert>,
+    bundle: watch::Sender<Vec<u8>>,
+    mut ready: SyncGuard,
+    seen: watch::Sender<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api: Api<Secret> = Api::namespaced(client, &certs.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", certs.name));
+    let events = watcher(api, config).default_backoff();
+    tokio::pin!(events);
+    let mut last: Option<[u8; 32]> = None;
+    loop {
+        let event = tokio::select! {
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return;
+                }
+                continue;
+            }
+            event = events.next() => event,
+        };
+        let secret = match event {
+            Some(Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s))) => s,
+            Some(Ok(watcher::Event::Delete(_))) => {
+                ready.ok();
+                tracing::warn!(secret = %certs.name, "the webhook certificate Secret was deleted; serving the current certificate");
+                seen.send_modify(|n| *n += 1);
+                continue;
+            }
+            Some(Ok(_)) => {
+                ready.ok();
+                continue;
+            }
+            Some(Err(error)) => {
+                ready.failed();
+                tracing::warn!(secret = %certs.name, %error, "watching the webhook certificate Secret");
+                continue;
+            }
+            None => return,
+        };
+        ready.ok();
+        seen.send_modify(|n| *n += 1);
+        let (Some(cert), Some(key), Some(ca)) = (
+            bytes(&secret, CERT_FILE),
+            bytes(&secret, KEY_FILE),
+            bytes(&secret, CA_FILE),
+        ) else {
+            tracing::warn!(secret = %certs.name, "the webhook certificate Secret lacks {CERT_FILE}, {KEY_FILE} or {CA_FILE}");
+            continue;
+        };
+        let mut hasher = Sha256::new();
+        for part in [&cert, &key, &ca] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let hash: [u8; 32] = hasher.finalize().into();
+        if last == Some(hash) {
+            continue;
+        }
+        last = Some(hash);
+        match material_from_pem(&cert, &key, Some(&ca)) {
+            Ok(material) => {
+                resolver.set(material.certified.clone());
+                tracing::info!(secret = %certs.name, not_after = material.not_after, "serving the webhook certificate of the Secret");
+                bundle.send_if_modified(|current| {
+                    let changed = *current != material.ca_bundle;
+                    *current = material.ca_bundle;
+                    changed
+                });
+                ready.synced();
+            }
+            Err(error) => {
+                tracing::error!(secret = %certs.name, %error, "rejected the webhook certificate of the Secret; serving the current one");
+            }
+        }
+    }
+}
+
+/// Why a round of the leader's keeping failed.
+#[derive(Debug, thiserror::Error)]
+enum KeepError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    Cert(#[from] super::material::CertError),
+}
+
+/// Keeps the Secret while this replica leads: `terms` holds the current
+/// term of leadership (cancelled when it ends), `seen` counts changes of the
+/// Secret (from [`serve`]). Runs until `stop` turns true or its sender goes
+/// away.
+pub async fn keep(
+    client: kube::Client,
+    certs: SecretCerts,
+    mut terms: watch::Receiver<Option<CancellationToken>>,
+    mut seen: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let keeper = Keeper {
+        secrets: Api::namespaced(client.clone(), &certs.namespace),
+        configurations: Api::all(client),
+        certs,
+    };
+    loop {
+        let term = terms.borrow_and_update().clone();
+        if let Some(term) = term.filter(|t| !t.is_cancelled()) {
+            tokio::select! {
+                () = keeper.lead(&mut seen) => {}
+                () = term.cancelled() => {}
+                _ = stop.changed() => return,
+            }
+            continue;
+        }
+        tokio::select! {
+            changed = terms.changed() => if changed.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+struct Keeper {
+    secrets: Api<Secret>,
+    configurations: Api<MutatingWebhookConfiguration>,
+    certs: SecretCerts,
+}
+
+impl Keeper {
+    /// Rounds until the term ends (the caller drops this future).
+    async fn lead(&self, seen: &mut watch::Receiver<u64>) {
+        let mut trusted: Option<(String, i64)> = None;
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let wait = match self.round(&mut trusted).await {
+                Ok(until) => {
+                    backoff = Duration::from_secs(1);
+                    let secs = u64::try_from(until.saturating_sub(now())).unwrap_or(0);
+                    Duration::from_secs(secs).min(MAX_WAIT)
+                }
+                Err(error) => {
+                    tracing::warn!(secret = %self.certs.name, %error, retry_in = ?backoff, "cannot keep the webhook certificate Secret");
+                    let wait = backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait
+                }
+            };
+            if wait.is_zero() {
+                continue;
+            }
+            seen.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                changed = seen.changed() => if changed.is_err() {
+                    tokio::time::sleep(wait).await;
+                },
+            }
+        }
+    }
+
+    /// One look at the Secret and at most one write. Returns when to look
+    /// again (Unix seconds; now, after a write or a lost race).
+    async fn round(&self, trusted: &mut Option<(String, i64)>) -> Result<i64, KeepError> {
+        let name = &self.certs.name;
+        let current = self.secrets.get_opt(name).await?;
+        if let Some(secret) = &current {
+            let labels = secret.metadata.labels.as_ref();
+            if labels.and_then(|l| l.get(MANAGED_BY.0)).map(String::as_str) != Some(MANAGED_BY.1) {
+                tracing::warn!(secret = %name, "the webhook certificate Secret is not labelled {}={}: serving it, not renewing it", MANAGED_BY.0, MANAGED_BY.1);
+                return Ok(now() + MAX_WAIT.as_secs() as i64);
+            }
+        }
+        let content = current.as_ref().and_then(|secret| {
+            let data: BTreeMap<String, Vec<u8>> = secret
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect();
+            Content::from_data(&data)
+                .and_then(|c| c.facts(&self.certs.names).map(|f| (c, f)))
+                .map_err(|error| tracing::warn!(secret = %name, %error, "the webhook certificate Secret is unusable; making a new one"))
+                .ok()
+        });
+        let now = now();
+        if let Some((content, facts)) = &content {
+            if !facts.leaf_by_signer {
+                let signer = content.signer().to_string();
+                if trusted.as_ref().is_none_or(|(s, _)| *s != signer) {
+                    *trusted = None;
+                    if self.trusted_everywhere(&signer).await? {
+                        tracing::info!(secret = %name, "the new webhook CA is in every webhook configuration");
+                        *trusted = Some((signer, now));
+                    }
+                }
+            }
+        }
+        let timing = &self.certs.timing;
+        let step = decide(
+            content.as_ref().map(|(_, f)| f),
+            now,
+            timing,
+            trusted.as_ref().map(|(_, since)| *since),
+        );
+        if let Step::Keep { until } = step {
+            return Ok(until);
+        }
+        let next = match &content {
+            Some((content, _)) => content.apply(step, now, timing, &self.certs.names)?,
+            None => Content::create(timing, &self.certs.names)?,
+        };
+        let data = next
+            .to_data()
+            .into_iter()
+            .map(|(k, v)| (k, ByteString(v)))
+            .collect();
+        let written = match current {
+            None => {
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(self.certs.namespace.clone()),
+                        labels: Some(BTreeMap::from([(
+                            MANAGED_BY.0.to_string(),
+                            MANAGED_BY.1.to_string(),
+                        )])),
+                        ..Default::default()
+                    },
+                    type_: Some("kubernetes.io/tls".into()),
+                    data: Some(data),
+                    ..Default::default()
+                };
+                self.secrets.create(&PostParams::default(), &secret).await
+            }
+            Some(mut secret) => {
+                // Conditional on the resourceVersion read above.
+                secret.data = Some(data);
+                self.secrets
+                    .replace(name, &PostParams::default(), &secret)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => tracing::info!(secret = %name, ?step, "wrote the webhook certificate Secret"),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(secret = %name, ?step, "another replica wrote the webhook certificate Secret first; reading it");
+            }
+            Err(error) => return Err(error.into()),
+        }
+        Ok(now)
+    }
+
+    /// Whether every entry of every webhook configuration trusts `signer`.
+    /// A configuration that does not exist has nobody to protect.
+    async fn trusted_everywhere(&self, signer: &str) -> Result<bool, KeepError> {
+        let Some(signer) = parse_certs(signer.as_bytes())?.into_iter().next() else {
+            return Ok(false);
+        };
+        for name in &self.certs.configurations {
+            let Some(config) = self.configurations.get_opt(name).await? else {
+                continue;
+            };
+            let all = config.webhooks.iter().flatten().all(|w| {
+                let bundle = w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice());
+                parse_certs(bundle.unwrap_or_default())
+                    .unwrap_or_default()
+                    .contains(&signer)
+            });
+            if !all {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
