@@ -16,7 +16,7 @@ pub const INSTALL_SECTION: &str = "## Install beside Flux";
 
 /// What the install block leaves in the directory it runs in (the
 /// repository root), removed before and after [`install_as_readme_says`].
-pub const INSTALL_OUTPUTS: [&str; 2] = ["webhook-tls", "openflux-install"];
+pub const INSTALL_OUTPUTS: [&str; 1] = ["openflux-install"];
 
 /// The first `sh` block of [`INSTALL_SECTION`] in `readme`.
 pub fn install_block_of(readme: &str) -> Result<String, String> {
