@@ -82,6 +82,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                         namespace,
                         readiness: Some(shared.readiness.clone()),
                         leading: Some(shared.leading.clone()),
+                        events: Some(shared.events.clone()),
                     }),
                     openflux::webhook::Knowledge {
                         index: shared.index.clone(),

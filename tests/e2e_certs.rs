@@ -437,7 +437,102 @@ async fn three_replicas_make_share_and_rotate_one_secret_without_a_failed_admiss
     )
     .await;
 
+    // The leader said what it did, on the Secret.
+    wait_for(
+        "an Event on the Secret for the new CA",
+        support::TIMEOUT,
+        || async {
+            let notes = secret_events(&env, &n, "CertificateSecretWritten").await;
+            notes.iter().any(|n| n.contains("new CA")).then_some(())
+        },
+    )
+    .await;
+
     bundle_watch.abort();
     drop(replicas);
+    ns.delete().await;
+}
+
+/// The notes of the Events of `reason` about the Secret.
+async fn secret_events(env: &Env, ns: &str, reason: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), ns);
+    let list = api.list(&Default::default()).await.expect("listing Events");
+    list.items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(SECRET)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// A Secret of that name made by someone else (not labelled as openflux's)
+/// is served as it is, never written, and the leader says so on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_openflux_did_not_make_is_served_and_never_written() {
+    let env = support::cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
+    let ns = env.namespace("certs-own").await;
+    let n = ns.name().to_string();
+    let ca = openflux::certs::Authority::generate(openflux::certs::DEFAULT_CA_VALIDITY).unwrap();
+    let issued = ca
+        .issue(
+            &["localhost".into()],
+            &["127.0.0.1".parse().unwrap()],
+            openflux::certs::DEFAULT_CERT_VALIDITY,
+        )
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &n);
+    let made = secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": SECRET},
+                "type": "kubernetes.io/tls",
+                "stringData": {"ca.crt": ca.cert_pem, "tls.crt": issued.cert_pem, "tls.key": issued.key_pem}
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("creating the Secret");
+    let addr = free_addr();
+    let webhook = support::webhook::local_webhook(&env, "certs-own", &n, addr).await;
+    let args = [
+        "--watch-all-namespaces=false".to_string(),
+        format!("--namespace={n}"),
+        "--enable-leader-election".to_string(),
+        format!("--webhook-addr={addr}"),
+        "--webhook-cert-secret".to_string(),
+        format!("--webhook-configuration={}", webhook.name),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let of = Openflux::start(&env, "certs-own", &args).await;
+    let tls = connect(addr, ca.cert_pem.as_bytes())
+        .await
+        .expect("the Secret's certificate, trusted by its CA");
+    assert_eq!(
+        leaf(&tls),
+        openflux::certs::parse_certs(issued.cert_pem.as_bytes())
+            .unwrap()
+            .first()
+            .cloned()
+    );
+    wait_for("a Warning on the Secret", support::TIMEOUT, || async {
+        let notes = secret_events(&env, &n, "CertificateSecretFailed").await;
+        notes
+            .iter()
+            .any(|n| n.contains("not labelled"))
+            .then_some(())
+    })
+    .await;
+    let now = secrets.get(SECRET).await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, made.metadata.resource_version,
+        "openflux wrote a Secret it did not make"
+    );
+    drop(of);
+    drop(webhook);
     ns.delete().await;
 }

@@ -21,11 +21,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
+use openflux_api::runtime::{EventRecorder, FluxEvent};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +60,28 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
+/// Reason of the Event when the Secret cannot be kept.
+pub const REASON_FAILED: &str = "CertificateSecretFailed";
+/// Reason of the Event when the Secret's certificate is refused.
+pub const REASON_REJECTED: &str = "CertificateRejected";
+/// Reason of the Event when the leader wrote the Secret.
+pub const REASON_WRITTEN: &str = "CertificateSecretWritten";
+
+/// Publishes `event` on the Secret of `certs` (which may not exist yet).
+async fn publish(events: Option<&EventRecorder>, certs: &SecretCerts, event: FluxEvent) {
+    let Some(events) = events else { return };
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        namespace: Some(certs.namespace.clone()),
+        name: Some(certs.name.clone()),
+        ..Default::default()
+    };
+    events
+        .publish_on(reference, &BTreeMap::new(), &event, None)
+        .await;
+}
+
 fn bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     secret.data.as_ref()?.get(key).map(|b| b.0.clone())
 }
@@ -67,9 +90,11 @@ fn bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
 /// CA bundle in `bundle` whenever it changes, marks `ready` synced at the
 /// first one, and counts every change of the Secret in `seen`. Runs until
 /// `stop` turns true or its sender goes away.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     client: kube::Client,
     certs: SecretCerts,
+    recorder: Option<EventRecorder>,
     resolver: Arc<SwappableCert>,
     bundle: watch::Sender<Vec<u8>>,
     mut ready: SyncGuard,
@@ -143,6 +168,15 @@ pub async fn serve(
             }
             Err(error) => {
                 tracing::error!(secret = %certs.name, %error, "rejected the webhook certificate of the Secret; serving the current one");
+                let message = format!(
+                    "the webhook certificate was refused ({error}); the current one is served"
+                );
+                publish(
+                    recorder.as_ref(),
+                    &certs,
+                    FluxEvent::warning(REASON_REJECTED, message),
+                )
+                .await;
             }
         }
     }
@@ -155,6 +189,8 @@ enum KeepError {
     Api(#[from] kube::Error),
     #[error(transparent)]
     Cert(#[from] super::material::CertError),
+    #[error("it is not labelled {0}={1}, so it is served as it is and never renewed; delete it to let openflux make its own, or run openflux with --tls-cert-file to mount it")]
+    NotOurs(&'static str, &'static str),
 }
 
 /// Keeps the Secret while this replica leads: `terms` holds the current
@@ -164,6 +200,7 @@ enum KeepError {
 pub async fn keep(
     client: kube::Client,
     certs: SecretCerts,
+    events: Option<EventRecorder>,
     mut terms: watch::Receiver<Option<CancellationToken>>,
     mut seen: watch::Receiver<u64>,
     mut stop: watch::Receiver<bool>,
@@ -172,6 +209,7 @@ pub async fn keep(
         secrets: Api::namespaced(client.clone(), &certs.namespace),
         configurations: Api::all(client),
         certs,
+        events,
     };
     loop {
         let term = terms.borrow_and_update().clone();
@@ -194,6 +232,7 @@ struct Keeper {
     secrets: Api<Secret>,
     configurations: Api<MutatingWebhookConfiguration>,
     certs: SecretCerts,
+    events: Option<EventRecorder>,
 }
 
 impl Keeper {
@@ -201,15 +240,31 @@ impl Keeper {
     async fn lead(&self, seen: &mut watch::Receiver<u64>) {
         let mut trusted: Option<(String, i64)> = None;
         let mut backoff = Duration::from_secs(1);
+        // The last failure published, so a failure that lasts is one Event.
+        let mut reported: Option<String> = None;
         loop {
             let wait = match self.round(&mut trusted).await {
                 Ok(until) => {
                     backoff = Duration::from_secs(1);
+                    reported = None;
                     let secs = u64::try_from(until.saturating_sub(now())).unwrap_or(0);
                     Duration::from_secs(secs).min(MAX_WAIT)
                 }
                 Err(error) => {
                     tracing::warn!(secret = %self.certs.name, %error, retry_in = ?backoff, "cannot keep the webhook certificate Secret");
+                    let message = format!(
+                        "cannot keep the webhook certificate Secret {}/{}: {error}",
+                        self.certs.namespace, self.certs.name
+                    );
+                    if reported.as_ref() != Some(&message) {
+                        publish(
+                            self.events.as_ref(),
+                            &self.certs,
+                            FluxEvent::warning(REASON_FAILED, message.clone()),
+                        )
+                        .await;
+                        reported = Some(message);
+                    }
                     let wait = backoff;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     wait
@@ -236,8 +291,7 @@ impl Keeper {
         if let Some(secret) = &current {
             let labels = secret.metadata.labels.as_ref();
             if labels.and_then(|l| l.get(MANAGED_BY.0)).map(String::as_str) != Some(MANAGED_BY.1) {
-                tracing::warn!(secret = %name, "the webhook certificate Secret is not labelled {}={}: serving it, not renewing it", MANAGED_BY.0, MANAGED_BY.1);
-                return Ok(now() + MAX_WAIT.as_secs() as i64);
+                return Err(KeepError::NotOurs(MANAGED_BY.0, MANAGED_BY.1));
             }
         }
         let content = current.as_ref().and_then(|secret| {
@@ -311,7 +365,22 @@ impl Keeper {
             }
         };
         match written {
-            Ok(_) => tracing::info!(secret = %name, ?step, "wrote the webhook certificate Secret"),
+            Ok(_) => {
+                tracing::info!(secret = %name, ?step, "wrote the webhook certificate Secret");
+                let message = match step {
+                    Step::Create => "made a CA and a serving certificate",
+                    Step::NewAuthority => "added a new CA to the trusted bundle; it signs once every webhook configuration trusts it",
+                    Step::Issue => "issued a serving certificate",
+                    Step::Prune => "removed expired CAs from the trusted bundle",
+                    Step::Keep { .. } => "",
+                };
+                publish(
+                    self.events.as_ref(),
+                    &self.certs,
+                    FluxEvent::normal(REASON_WRITTEN, message),
+                )
+                .await;
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 tracing::info!(secret = %name, ?step, "another replica wrote the webhook certificate Secret first; reading it");
             }

@@ -67,6 +67,8 @@ pub struct Shared {
     /// The current term while this replica runs the controllers (cancelled
     /// when it ends): what else the leader alone does runs by it.
     pub leading: tokio::sync::watch::Receiver<Option<CancellationToken>>,
+    /// Kubernetes Events (and notifications) as openflux.
+    pub events: EventRecorder,
 }
 
 /// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
@@ -92,6 +94,7 @@ where
     let readiness = Arc::new(Readiness::default());
     readiness.register(&mut registry);
     let (terms, leading) = tokio::sync::watch::channel(None);
+    let events = event_recorder(&client, runtime)?;
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -100,6 +103,7 @@ where
         readiness,
         shutdown: CancellationToken::new(),
         leading,
+        events: events.clone(),
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
@@ -123,7 +127,7 @@ where
         index: shared.index.clone(),
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
-        events: event_recorder(&client, runtime)?,
+        events,
         facts: shared.facts.clone(),
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,

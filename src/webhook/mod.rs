@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::certs::{self, CertFiles, CertKeeper, CertSource, Names, SecretCerts, Timing};
 use crate::telemetry::Readiness;
 use openflux_api::runtime::flags::parse_duration;
+use openflux_api::runtime::EventRecorder;
 
 pub use server::Knowledge;
 
@@ -140,6 +141,8 @@ pub struct InCluster {
     pub readiness: Option<Arc<Readiness>>,
     /// The current term while this replica leads (cancelled when it ends).
     pub leading: Option<watch::Receiver<Option<CancellationToken>>>,
+    /// Events on the certificate Secret.
+    pub events: Option<EventRecorder>,
 }
 
 impl From<kube::Client> for InCluster {
@@ -149,6 +152,7 @@ impl From<kube::Client> for InCluster {
             namespace: None,
             readiness: None,
             leading: None,
+            events: None,
         }
     }
 }
@@ -259,6 +263,7 @@ fn from_secret(
     tasks.spawn(certs::secret::serve(
         cluster.client.clone(),
         secret.clone(),
+        cluster.events.clone(),
         resolver.clone(),
         bundle_tx,
         readiness.serving_watch("webhook certificate Secret"),
@@ -270,6 +275,7 @@ fn from_secret(
             tasks.spawn(certs::secret::keep(
                 cluster.client.clone(),
                 secret,
+                cluster.events.clone(),
                 terms,
                 seen_rx,
                 stop.clone(),
