@@ -157,10 +157,19 @@ pub async fn serve(
         last = Some(hash);
         match material_from_pem(&cert, &key, Some(&ca)) {
             Ok(material) => {
-                resolver.set(material.certified.clone());
-                tracing::info!(secret = %certs.name, not_after = material.not_after, "serving the webhook certificate of the Secret");
+                let served = resolver.get();
+                if served.as_ref().map(|c| &c.cert) != Some(&material.certified.cert) {
+                    resolver.set(material.certified.clone());
+                    tracing::info!(secret = %certs.name, not_after = material.not_after, "serving the webhook certificate of the Secret");
+                }
+                let cas = parse_certs(&material.ca_bundle)
+                    .map(|c| c.len())
+                    .unwrap_or(0);
                 bundle.send_if_modified(|current| {
                     let changed = *current != material.ca_bundle;
+                    if changed {
+                        tracing::info!(secret = %certs.name, cas, "the Secret's CA bundle changed");
+                    }
                     *current = material.ca_bundle;
                     changed
                 });
