@@ -536,3 +536,77 @@ async fn a_secret_openflux_did_not_make_is_served_and_never_written() {
     drop(webhook);
     ns.delete().await;
 }
+
+/// The leader killed (no shutdown, no Lease release) after it made the
+/// Secret: the other replica takes the Lease and goes on from the Secret as
+/// it is, renewing its serving certificate under the same CA rather than
+/// starting over, and keeps serving throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_goes_on_from_the_secret_the_old_one_made() {
+    let env = support::cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
+    let ns = env.namespace("certs-lead").await;
+    let n = ns.name().to_string();
+    let addrs = [free_addr(), free_addr()];
+    let args: Vec<Vec<String>> = addrs
+        .iter()
+        .map(|addr| {
+            vec![
+                "--watch-all-namespaces=false".to_string(),
+                format!("--namespace={n}"),
+                "--enable-leader-election".to_string(),
+                "--leader-election-lease-duration=4s".to_string(),
+                "--leader-election-renew-deadline=3s".to_string(),
+                "--leader-election-retry-period=1s".to_string(),
+                format!("--webhook-addr={addr}"),
+                "--webhook-cert-secret".to_string(),
+                format!("--webhook-cert-validity={CERT_VALIDITY}"),
+                "--webhook-ca-validity=1h".to_string(),
+            ]
+        })
+        .collect();
+    let start = |i: usize| {
+        let args: Vec<&str> = args[i].iter().map(String::as_str).collect();
+        let env = &env;
+        async move { Openflux::start(env, &format!("certs-lead-{i}"), &args).await }
+    };
+    let (a, b) = tokio::join!(start(0), start(1));
+    let mut replicas = [a, b];
+    let leader = wait_for("a leader", support::TIMEOUT, || async {
+        for (i, of) in replicas.iter().enumerate() {
+            if of.metric("openflux_leader ").await == Some(1.0) {
+                return Some(i);
+            }
+        }
+        None
+    })
+    .await;
+    let survivor = 1 - leader;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &n);
+    let ca = secret_bundle(&secrets).await;
+    assert_eq!(ca.len(), 1);
+    let first_leaf = secrets.get(SECRET).await.unwrap().data.unwrap()["tls.crt"].clone();
+
+    replicas[leader].kill();
+    wait_for("the other replica to lead", support::TIMEOUT, || async {
+        (replicas[survivor].metric("openflux_leader ").await == Some(1.0)).then_some(())
+    })
+    .await;
+    // The serving certificate is renewed (after 20 s) by the new leader,
+    // under the CA the old one made, and served.
+    let renewed = wait_for("the serving certificate renewed", ROTATION, || async {
+        let data = secrets.get(SECRET).await.ok()?.data?;
+        let leaf = data.get("tls.crt")?.clone();
+        (leaf != first_leaf).then_some(leaf)
+    })
+    .await;
+    assert_eq!(secret_bundle(&secrets).await, ca, "the CA was kept");
+    wait_for("the survivor to serve it", support::TIMEOUT, || async {
+        let tls = connect(addrs[survivor], &pem(&ca[0])).await.ok()?;
+        (leaf(&tls)? == certs_of(&renewed.0)[0]).then_some(())
+    })
+    .await;
+    drop(replicas);
+    ns.delete().await;
+}
