@@ -610,3 +610,57 @@ async fn a_new_leader_goes_on_from_the_secret_the_old_one_made() {
     drop(replicas);
     ns.delete().await;
 }
+
+/// RBAC lets openflux create any Secret in its namespace (create cannot be
+/// limited by name); the shipped policy narrows that to its certificate
+/// Secret, so its identity cannot mint, say, a ServiceAccount token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_may_create_no_secret_but_its_certificates() {
+    let env = support::cluster().await;
+    env.apply_yaml(include_str!("../webhook-config/secret-policy.yaml"))
+        .await
+        .expect("the shipped Secret policy");
+    let ns = env.namespace("certs-policy").await;
+    let n = ns.name().to_string();
+    support::identity::grant_runtime_namespace(&env, &n).await;
+    let (sa_ns, sa) = support::identity::OPENFLUX_USER
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("a ServiceAccount user");
+    let secrets: Api<Secret> = Api::namespaced(support::identity::acting_as(&env, sa_ns, sa), &n);
+    let create = |name: String, type_: &str| {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name,
+                         "annotations": {"kubernetes.io/service-account.name": "default"}},
+            "type": type_,
+            "stringData": {"tls.crt": "x", "tls.key": "y"}
+        }))
+        .unwrap();
+        let secrets = secrets.clone();
+        async move { secrets.create(&Default::default(), &secret).await }
+    };
+    let mut k = 0;
+    let refused = wait_for(
+        "the policy to refuse a token Secret",
+        support::TIMEOUT,
+        || {
+            k += 1;
+            let attempt = create(format!("token{k}"), "kubernetes.io/service-account-token");
+            async move { attempt.await.err().map(|e| e.to_string()) }
+        },
+    )
+    .await;
+    assert!(
+        refused.contains("openflux may write only the Secret openflux-webhook-tls"),
+        "{refused}"
+    );
+    let err = create(SECRET.into(), "Opaque")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("of type kubernetes.io/tls"), "{err}");
+    create(SECRET.into(), "kubernetes.io/tls")
+        .await
+        .expect("its certificate Secret");
+    ns.delete().await;
+}

@@ -42,6 +42,7 @@ async fn install_manifests_pass_server_side_dry_run() {
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/openflux",
         "validatingadmissionpolicy.admissionregistration.k8s.io/",
         "poddisruptionbudget.policy/openflux",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/openflux-secrets",
     ] {
         assert!(text.contains(expected), "{expected} missing from:\n{text}");
     }
