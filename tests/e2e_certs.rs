@@ -182,6 +182,14 @@ async fn handshake(sender: Tls) -> hyper::client::conn::http1::SendRequest<Body>
     sender
 }
 
+/// At most one round of requests every 20 ms per client: steady load that
+/// leaves the machine to the other tests.
+fn pace() -> tokio::time::Interval {
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pace
+}
+
 #[derive(Default)]
 struct Counts {
     ok: AtomicU64,
@@ -316,7 +324,9 @@ async fn three_replicas_make_share_and_rotate_one_secret_without_a_failed_admiss
         load.spawn(async move {
             let mut open = handshake(open).await;
             let mut k = 0u64;
+            let mut pace = pace();
             while !stop.is_cancelled() {
+                pace.tick().await;
                 k += 1;
                 let fresh = match connect(addr, &bundles.get(&name)).await {
                     Ok(tls) => review(&mut handshake(tls).await, &ns, &format!("d{i}-{k}")).await,
@@ -346,7 +356,9 @@ async fn three_replicas_make_share_and_rotate_one_secret_without_a_failed_admiss
                 )),
             );
             let mut k = 0usize;
+            let mut pace = pace();
             while !stop.is_cancelled() {
+                pace.tick().await;
                 k += 1;
                 let object = kustomization(&ns, &format!("web{k}"), k % REPLICAS);
                 let result = api
