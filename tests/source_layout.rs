@@ -82,6 +82,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("certs::keeper", Layer::Shell),
     ("certs::command", Layer::Shell),
     ("certs::secret", Layer::Shell),
+    ("certs::renew", Layer::Shell),
     ("webhook", Layer::Shell),
     ("webhook::large", Layer::Shell),
     ("webhook::metrics", Layer::Shell),

@@ -8,11 +8,13 @@
 //! creates a CA and serving certificate in memory and renews the serving
 //! certificate (same CA) well before it expires, or keeps them in a Secret
 //! that every replica serves from and the elected leader creates and renews
-//! ([`secret`], timed by [`rotation`], its content in [`stored`]).
+//! ([`secret`] and [`renew`], timed by [`rotation`], its content in
+//! [`stored`]).
 
 pub mod command;
 pub mod keeper;
 pub mod material;
+pub mod renew;
 pub mod rotation;
 pub mod secret;
 pub mod stored;

@@ -272,7 +272,7 @@ fn from_secret(
     ));
     match cluster.leading.clone() {
         Some(terms) => {
-            tasks.spawn(certs::secret::keep(
+            tasks.spawn(certs::renew::keep(
                 cluster.client.clone(),
                 secret,
                 cluster.events.clone(),
