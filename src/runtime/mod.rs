@@ -65,6 +65,11 @@ pub struct Shared {
     pub registry: Arc<Mutex<Registry>>,
     pub readiness: Arc<Readiness>,
     pub shutdown: CancellationToken,
+    /// The current term while this replica runs the controllers (cancelled
+    /// when it ends): what else the leader alone does runs by it.
+    pub leading: tokio::sync::watch::Receiver<Option<CancellationToken>>,
+    /// Kubernetes Events (and notifications) as openflux.
+    pub events: EventRecorder,
 }
 
 /// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
@@ -89,6 +94,8 @@ where
     let target_metrics = survey::TargetMetrics::register(&mut registry);
     let readiness = Arc::new(Readiness::default());
     readiness.register(&mut registry);
+    let (terms, leading) = tokio::sync::watch::channel(None);
+    let events = event_recorder(&client, runtime)?;
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -96,6 +103,8 @@ where
         registry: Arc::new(Mutex::new(registry)),
         readiness,
         shutdown: CancellationToken::new(),
+        leading,
+        events: events.clone(),
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
@@ -119,7 +128,7 @@ where
         index: shared.index.clone(),
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
-        events: event_recorder(&client, runtime)?,
+        events,
         facts: shared.facts.clone(),
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
@@ -175,6 +184,7 @@ where
         metrics: metrics.clone(),
         concurrency: runtime.concurrent,
         readiness: shared.readiness.clone(),
+        terms,
     };
     match leader_election.enable_leader_election {
         true => {
@@ -218,12 +228,15 @@ struct Leading {
     metrics: Metrics,
     concurrency: u16,
     readiness: Arc<Readiness>,
+    /// Tells the rest of the process which term is current.
+    terms: tokio::sync::watch::Sender<Option<CancellationToken>>,
 }
 
 impl Leading {
     /// Starts the controllers and the gate check until `term` is cancelled.
     fn start(&self, term: CancellationToken) -> JoinHandle<()> {
         self.metrics.leader.set(1);
+        self.terms.send_replace(Some(term.clone()));
         let mut controllers = Controllers::new(
             self.ctx.clone(),
             self.facts_seen.clone(),

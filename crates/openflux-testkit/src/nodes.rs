@@ -16,7 +16,7 @@ pub const INSTALL_SECTION: &str = "## Install beside Flux";
 
 /// What the install block leaves in the directory it runs in (the
 /// repository root), removed before and after [`install_as_readme_says`].
-pub const INSTALL_OUTPUTS: [&str; 2] = ["webhook-tls", "openflux-install"];
+pub const INSTALL_OUTPUTS: [&str; 1] = ["openflux-install"];
 
 /// The README section whose first `sh` block installs openflux with Flux
 /// from its OCI artifact (after the images are pushed as in
