@@ -198,6 +198,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("fixtures", Layer::Shell),
     ("openflux", Layer::Shell),
     ("proxy", Layer::Shell),
+    ("release", Layer::Shell),
     ("webhook", Layer::Shell),
     ("exports", Layer::Shell),
     ("writers", Layer::Shell),

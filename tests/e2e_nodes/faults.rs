@@ -87,7 +87,7 @@ async fn openflux_pods(env: &Env) -> Vec<(String, String, i32, bool)> {
 
 /// openflux as installed: its Deployment Available and exactly its two
 /// replicas' Pods, none of an earlier rollout still terminating.
-async fn settled(env: &Env) {
+pub(crate) async fn settled(env: &Env) {
     all_available(env, SYSTEM, &["openflux"]).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM);
     support::wait_for("openflux's two Pods, none terminating", ROLLOUT, || async {

@@ -98,6 +98,7 @@ async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_by_flux_from_its_oci_artifact_openflux_serves_a_custom_source() {
     let env = support::cell(Cell::Nodes).await;
+    super::INSTALLED.store(false, std::sync::atomic::Ordering::SeqCst);
     tokio::task::block_in_place(|| uninstall(&env));
     let out =
         tokio::task::block_in_place(|| support::nodes::install_with_flux_as_readme_says(&env));

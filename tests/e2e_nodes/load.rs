@@ -57,7 +57,21 @@ pub struct Admissions {
 }
 
 impl Admissions {
+    /// Admissions of a Kustomization naming the HttpSource `web`.
     pub async fn start(env: &Env, ns: &str, clients: usize, every: Duration) -> Admissions {
+        let reference = json!({"apiVersion": HTTP_SOURCE, "kind": "HttpSource", "name": "web"});
+        Admissions::naming(env, ns, reference, clients, every).await
+    }
+
+    /// Admissions of a Kustomization whose sourceRef is `reference`, a
+    /// custom source.
+    pub async fn naming(
+        env: &Env,
+        ns: &str,
+        reference: serde_json::Value,
+        clients: usize,
+        every: Duration,
+    ) -> Admissions {
         let (api, _) = support::dynamic_api(&env.client, KUSTOMIZE, "Kustomization", Some(ns))
             .await
             .expect("the Kustomization API");
@@ -69,6 +83,7 @@ impl Admissions {
                 tokio::spawn(admit_until_stopped(
                     api.clone(),
                     ns.to_string(),
+                    reference.clone(),
                     client,
                     every,
                     running.clone(),
@@ -103,6 +118,7 @@ impl Admissions {
 async fn admit_until_stopped(
     api: Api<DynamicObject>,
     ns: String,
+    reference: serde_json::Value,
     client: usize,
     every: Duration,
     running: Arc<AtomicBool>,
@@ -124,8 +140,7 @@ async fn admit_until_stopped(
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": KUSTOMIZE, "kind": "Kustomization",
             "metadata": {"name": format!("load-{client}-{i}"), "namespace": ns},
-            "spec": {"interval": "1m", "path": "./", "prune": true,
-                      "sourceRef": {"apiVersion": HTTP_SOURCE, "kind": "HttpSource", "name": "web"}}
+            "spec": {"interval": "1m", "path": "./", "prune": true, "sourceRef": reference}
         }))
         .expect("a Kustomization");
         let at = started.elapsed();
@@ -138,7 +153,7 @@ async fn admit_until_stopped(
                     .pointer("/spec/sourceRef/kind")
                     .and_then(serde_json::Value::as_str)
                     .unwrap_or_default();
-                if kind == "HttpSource" {
+                if Some(kind) == reference["kind"].as_str() {
                     tally
                         .failures
                         .push((at, "admitted without openflux's rewrite".into()));

@@ -14,9 +14,11 @@
 
 mod faults;
 mod flux_install;
+mod helm;
 mod load;
+mod upgrade;
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -39,13 +41,16 @@ const FLUX_DEPLOYMENTS: [&str; 4] = [
 /// usual bound.
 const ROLLOUT: Duration = Duration::from_secs(300);
 
-static INSTALLED: OnceLock<()> = OnceLock::new();
+/// Whether this process installed openflux as the README says and nothing
+/// replaced that installation since (the tests installing it otherwise
+/// clear it).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// The nodes cell, with openflux installed as the README says (once per
 /// test process).
 async fn installed() -> Env {
     let env = support::cell(Cell::Nodes).await;
-    if INSTALLED.get().is_none() {
+    if !INSTALLED.load(Ordering::SeqCst) {
         // A cell reused from an earlier run may have an older installation,
         // by kubectl or by Flux.
         tokio::task::block_in_place(|| flux_install::uninstall(&env));
@@ -55,7 +60,7 @@ async fn installed() -> Env {
             "README install block:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let _ = INSTALLED.set(());
+        INSTALLED.store(true, Ordering::SeqCst);
     }
     env
 }

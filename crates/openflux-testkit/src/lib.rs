@@ -31,6 +31,7 @@ mod objects;
 pub mod openflux;
 pub mod proxy;
 pub mod references;
+pub mod release;
 mod wait;
 pub mod webhook;
 pub mod writers;
