@@ -28,13 +28,14 @@ test: lint cluster-up
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
 	  rc=$$?; $(CLUSTER) cells down; exit $$rc
 
-# The nodes cell's tests (tests/e2e_nodes.rs): two real nodes (kubelet,
-# containerd, runc) on a control plane of their own, Flux as Pods laid out
-# as `flux install` lays it out, openflux installed by the README's "Install
-# beside Flux" block (README.md, "Real nodes"). Needs root. Not part of
-# `make test` yet; the cell is stopped at the end.
+# The nodes cell's tests alone (tests/e2e_nodes/; `make test` runs them
+# with the rest): two real nodes (kubelet, containerd, runc) on a control
+# plane of their own, Flux as Pods laid out as `flux install` lays it out,
+# openflux installed by the README's "Install beside Flux" and "Install
+# with Flux" blocks (README.md, "Real nodes"). Needs root. The cell is
+# stopped at the end.
 test-nodes:
-	$(CARGO) test --test e2e_nodes -- --ignored --test-threads=1 --nocapture; \
+	$(CARGO) test --test e2e_nodes -- --test-threads=1 --nocapture; \
 	  rc=$$?; $(CLUSTER) cell nodes down; exit $$rc
 
 # The chaos suite (docs/reliability.md): a million generated AdmissionReviews
@@ -70,3 +71,12 @@ cluster-status:
 .PHONY: images
 images:
 	CARGO="$(CARGO)" images/build
+
+# openflux's manifests as an OCI artifact in the format `flux push artifact`
+# writes, pinning the images given (README.md, "Install with Flux"):
+# target/images/openflux-manifests.oci.tar.
+.PHONY: manifests-artifact
+manifests-artifact:
+	@[ -n "$(OPENFLUX_IMAGE)" ] && [ -n "$(HTTP_SOURCE_IMAGE)" ] || \
+	  { echo "make manifests-artifact OPENFLUX_IMAGE=<registry>/openflux@sha256:... HTTP_SOURCE_IMAGE=<registry>/openflux-http-source@sha256:..." >&2; exit 2; }
+	images/manifests "$(OPENFLUX_IMAGE)" "$(HTTP_SOURCE_IMAGE)"

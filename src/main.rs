@@ -74,12 +74,24 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let RunCmd { run: args, webhook } = *cmd;
             openflux_api::runtime::logging::init(&args.runtime.log)?;
             let client = client(cli.kubeconfig).await?;
+            let namespace = args
+                .runtime
+                .watch
+                .runtime_namespace()
+                .ok()
+                .map(str::to_string);
             openflux::runtime::run(args, client, move |shared| {
                 let metrics =
                     openflux::webhook::register(&mut openflux::locks::lock(&shared.registry));
                 openflux::webhook::serve(
                     webhook,
-                    Some(shared.client.clone()),
+                    Some(openflux::webhook::InCluster {
+                        client: shared.client.clone(),
+                        namespace,
+                        readiness: Some(shared.readiness.clone()),
+                        leading: Some(shared.leading.clone()),
+                        events: Some(shared.events.clone()),
+                    }),
                     openflux::webhook::Knowledge {
                         index: shared.index.clone(),
                         facts: shared.facts.clone(),
@@ -143,6 +155,56 @@ mod tests {
         );
         assert!(pre_stop >= 1);
         assert!(grace >= pre_stop + 10, "{grace} s < {pre_stop} s + 10 s");
+    }
+
+    fn webhook_args(args: Vec<String>) -> openflux::webhook::WebhookArgs {
+        let cli = Cli::try_parse_from(std::iter::once("openflux".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("manifests/deployment.yaml: {e}"));
+        let Command::Run(cmd) = cli.command else {
+            panic!("the Deployment runs `openflux run`");
+        };
+        cmd.webhook
+    }
+
+    /// The shipped Deployment starts with nothing prepared: openflux keeps
+    /// its certificates in a Secret it makes, and nothing is mounted. The
+    /// mounted-certs component turns it back to a Secret made outside
+    /// (cert-manager, `openflux certs`), mounted.
+    #[test]
+    fn the_shipped_deployment_needs_no_secret_and_the_component_mounts_one() {
+        let deployment = deployment();
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert!(pod["volumes"].is_null(), "{}", pod["volumes"]);
+        assert!(pod["containers"][0]["volumeMounts"].is_null());
+        let webhook = webhook_args(deployment_args());
+        assert_eq!(
+            webhook.webhook_cert_secret.as_deref(),
+            Some(openflux::certs::DEFAULT_SECRET)
+        );
+        assert!(webhook
+            .webhook_dns_names
+            .contains(&"openflux-webhook.openflux-system.svc".to_string()));
+        webhook.timing().validate().unwrap();
+
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/manifests/components/mounted-certs/kustomization.yaml"
+        );
+        let component: serde_json::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let patch: json_patch::Patch =
+            serde_yaml_ng::from_str(component["patches"][0]["patch"].as_str().unwrap()).unwrap();
+        let mut mounted = deployment.clone();
+        json_patch::patch(&mut mounted, &patch).unwrap();
+        let args = &mounted["spec"]["template"]["spec"]["containers"][0]["args"];
+        let webhook = webhook_args(serde_json::from_value(args.clone()).unwrap());
+        assert_eq!(webhook.webhook_cert_secret, None);
+        assert!(matches!(
+            webhook.cert_source(),
+            openflux::certs::CertSource::Files(_)
+        ));
+        let volume = &mounted["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"];
+        assert_eq!(volume, openflux::certs::DEFAULT_SECRET);
     }
 
     #[test]

@@ -628,3 +628,161 @@ async fn a_forged_default_artifact_does_not_block_the_sources_own() {
     );
     ns.delete().await;
 }
+
+/// Re-pointing never overwrites a person's edit: openflux's patch of a
+/// consumer carries the resourceVersion it was decided on. A proxy in front
+/// of openflux holds its re-point patch after openflux read the consumer;
+/// meanwhile a person edits the consumer; the held patch then reaches the
+/// API server, which refuses it (409), and openflux decides again on the
+/// new version. A person who pointed the consumer elsewhere keeps that
+/// reference; a person who changed something else keeps the change, and
+/// the reference ends re-pointed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_made_while_a_consumer_is_re_pointed_survives() {
+    use kube::api::{Patch, PatchParams};
+    use support::openflux::Openflux;
+    use support::proxy::ApiProxy;
+
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("repoint-race").await;
+    let n = ns.name().to_string();
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("raced"))],
+    );
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, &n, "web", "web", &uid, &spec,
+    ))
+    .await
+    .expect("writing the Artifact");
+    // A consumer an earlier release rewrote to `<kind>-<name>`: openflux
+    // re-points it to the current export.
+    let earlier = |name: &str| {
+        let mut old = kustomization(
+            &n,
+            name,
+            json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
+        );
+        old["metadata"]["annotations"] = json!({
+            "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
+        });
+        old
+    };
+    let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
+    let proxy = ApiProxy::start(&identity).await;
+    let _of = Openflux::start_as(
+        &env,
+        &n,
+        &["--watch-all-namespaces=false", &format!("--namespace={n}")],
+        Some(proxy.kubeconfig()),
+    )
+    .await;
+    let (kustomizations, _) =
+        support::dynamic_api(&env.client, KUSTOMIZE, "Kustomization", Some(&n))
+            .await
+            .expect("the Kustomization API");
+    let patches_of = |name: &str| -> Vec<support::proxy::Write> {
+        let path = format!("/kustomizations/{name}?");
+        proxy
+            .writes()
+            .into_iter()
+            .filter(|w| w.method == "PATCH" && w.path.contains(&path))
+            .collect()
+    };
+
+    // 1. The person points the consumer elsewhere while openflux's patch
+    // is held.
+    proxy.hold_writes_to("/kustomizations/");
+    env.apply(&earlier("taken")).await.expect("the consumer");
+    wait_for("openflux's re-point patch of taken", TIMEOUT, || async {
+        (proxy.held() >= 1).then_some(())
+    })
+    .await;
+    let theirs = json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "taken"});
+    kustomizations
+        .patch(
+            "taken",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"sourceRef": theirs}})),
+        )
+        .await
+        .expect("the person's edit of taken");
+    proxy.release();
+    wait_for(
+        "the held patch of taken to be answered",
+        TIMEOUT,
+        || async {
+            patches_of("taken")
+                .iter()
+                .any(|w| w.status.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+
+    // 2. The person changes something else while openflux's patch is held.
+    // Created after taken's edit, in the same watch: openflux looks at
+    // `web` only after it looked at taken's new version.
+    proxy.hold_writes_to("/kustomizations/");
+    env.apply(&earlier("web")).await.expect("the consumer");
+    wait_for("openflux's re-point patch of web", TIMEOUT, || async {
+        (proxy.held() >= 2).then_some(())
+    })
+    .await;
+    let edit = json!({"metadata": {"labels": {"edited-by": "person"}}, "spec": {"interval": "7m"}});
+    kustomizations
+        .patch("web", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("the person's edit of web");
+    proxy.release();
+
+    let (_, export) = wait_export(&env, &n, "web", |_| true).await;
+    let expected = reference_to(&export);
+    let moved = wait_for("web to be re-pointed", TIMEOUT, || async {
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
+        (field(&ks, "/spec/sourceRef") == Some(&expected)).then_some(ks)
+    })
+    .await;
+    assert_eq!(
+        moved.labels().get("edited-by").map(String::as_str),
+        Some("person"),
+        "the person's label was overwritten"
+    );
+    assert_eq!(
+        field(&moved, "/spec/interval"),
+        Some(&json!("7m")),
+        "the person's interval was overwritten"
+    );
+    let taken = env
+        .find(KUSTOMIZE, "Kustomization", &n, "taken")
+        .await
+        .expect("taken");
+    assert_eq!(
+        field(&taken, "/spec/sourceRef"),
+        Some(&theirs),
+        "the person's reference was overwritten"
+    );
+    let web = patches_of("web");
+    assert_eq!(
+        web.first().and_then(|w| w.status),
+        Some(409),
+        "the held patch of web was not refused: {web:#?}"
+    );
+    assert!(
+        web.iter().any(|w| w.status == Some(200)),
+        "web was not re-pointed after the refusal: {web:#?}"
+    );
+
+    let taken_patches = patches_of("taken");
+    assert_eq!(
+        taken_patches.iter().map(|w| w.status).collect::<Vec<_>>(),
+        [Some(409)],
+        "{taken_patches:#?}"
+    );
+    ns.delete().await;
+}

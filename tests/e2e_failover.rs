@@ -11,6 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
 use openflux_testkit as support;
+use serde_json::json;
 use support::openflux::http_get;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,5 +161,187 @@ async fn a_broken_consumer_watch_leaves_the_leader_ready() {
     .await;
     assert!(of.log_tail(400).contains("watch recovered"));
     drop(of);
+    ns.delete().await;
+}
+
+/// Leadership is a fence: a former leader writes nothing after the new
+/// leader's first write. The first replica talks to the API server through
+/// a proxy that holds the answer to each of its writes for 1.5 s, so its
+/// export reconciles stall mid-chain (each write applied, its sender still
+/// waiting), while Artifacts keep changing. Then the proxy stops passing
+/// its Lease traffic: it can no longer renew, the second replica takes the
+/// Lease over and exports. Every write the first replica made must have
+/// been answered by the API server (so applied) before the second replica
+/// sent its first write, on the proxies' one clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_leader_writes_nothing_after_the_new_leaders_first_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use kube::api::{Patch, PatchParams};
+    use support::proxy::ApiProxy;
+
+    let env = support::cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
+    let ns = env.namespace("fence").await;
+    let n = ns.name().to_string();
+    let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
+    let proxy_a = ApiProxy::start(&identity).await;
+    let a = failover::start_as(&env, &n, Some(proxy_a.kubeconfig())).await;
+    support::wait_for("the first replica to lead", support::TIMEOUT, || async {
+        failover::leads(&a).await.then_some(())
+    })
+    .await;
+    let proxy_b = ApiProxy::start(&identity).await;
+    let b = failover::start_as(&env, &n, Some(proxy_b.kubeconfig())).await;
+    failover::create_artifacts(&env, &n)
+        .await
+        .expect("the Artifacts");
+    let kinds = failover::export_apis(&env, &n).await;
+    support::wait_for(
+        "the first replica to export every Artifact",
+        support::TIMEOUT,
+        || async {
+            let seen = failover::exported(&kinds).await.ok()?;
+            (seen.len() == failover::ARTIFACTS && seen.values().all(|r| r == "start")).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        proxy_b.writes().is_empty(),
+        "the standby wrote while the first replica led: {:?}",
+        proxy_b.writes()
+    );
+
+    // Slow answers, and Artifacts that keep changing: the first replica's
+    // export reconciles are always mid-chain.
+    proxy_a.delay_write_answers(Duration::from_millis(1500));
+    let slowed = Instant::now();
+    let (artifacts, _) =
+        support::dynamic_api(&env.client, failover::ARTIFACT, "Artifact", Some(&n))
+            .await
+            .expect("the Artifact API");
+    let updating = Arc::new(AtomicBool::new(true));
+    let updates = tokio::spawn({
+        let (artifacts, updating) = (artifacts.clone(), updating.clone());
+        async move {
+            let mut pace = tokio::time::interval(Duration::from_millis(100));
+            let mut i = 0;
+            while updating.load(Ordering::SeqCst) {
+                pace.tick().await;
+                let patch = json!({"spec": {"revision": format!("r{i}")}});
+                let name = format!("a{}", i % failover::ARTIFACTS);
+                let _ = artifacts
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                i += 1;
+            }
+        }
+    });
+    support::wait_for(
+        "the first replica's writes to be slowed",
+        support::TIMEOUT,
+        || async {
+            let slowed = proxy_a.writes().iter().filter(|w| w.sent > slowed).count();
+            (slowed >= 3).then_some(())
+        },
+    )
+    .await;
+
+    proxy_a.cut_leases();
+    let cut = Instant::now();
+    support::wait_for(
+        "the first replica to step down",
+        Duration::from_secs(30),
+        || async { (!failover::leads(&a).await).then_some(()) },
+    )
+    .await;
+    let stepped_down = cut.elapsed();
+    support::wait_for(
+        "the second replica to lead",
+        Duration::from_secs(30),
+        || async { failover::leads(&b).await.then_some(()) },
+    )
+    .await;
+    support::wait_for(
+        "the second replica's first write",
+        Duration::from_secs(30),
+        || async {
+            proxy_b
+                .writes()
+                .iter()
+                .any(|w| w.answered.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    // The second replica exports the last revisions: it took over.
+    updating.store(false, Ordering::SeqCst);
+    updates.await.expect("the updates");
+    for j in 0..failover::ARTIFACTS {
+        let patch = json!({"spec": {"revision": "last"}});
+        artifacts
+            .patch(
+                &format!("a{j}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect("the last revision");
+    }
+    support::wait_for(
+        "the second replica to export the last revisions",
+        support::TIMEOUT,
+        || async {
+            let seen = failover::exported(&kinds).await.ok()?;
+            seen.values().all(|r| r == "last").then_some(())
+        },
+    )
+    .await;
+
+    let of_a = proxy_a.writes();
+    let of_b = proxy_b.writes();
+    // The second replica's first write was sent no earlier than this.
+    let first_b = of_b
+        .iter()
+        .map(|w| w.sent)
+        .min()
+        .expect("a write of the second replica");
+    // A write of the first replica certainly landed before it when the
+    // API server answered it before that write was sent; one not answered
+    // counts as late.
+    let late: Vec<_> = of_a
+        .iter()
+        .filter(|w| w.answered.is_none_or(|answered| answered >= first_b))
+        .collect();
+    let after_cut = of_a.iter().filter(|w| w.sent > cut).count();
+    let last_a = of_a
+        .iter()
+        .filter_map(|w| w.answered)
+        .max()
+        .expect("writes of the first replica");
+    eprintln!(
+        "first replica: {} writes, {after_cut} sent after its renewals were cut, the last answered {:?} after the cut; \
+         stepped down {stepped_down:?} after the cut; second replica's first write sent {:?} after the cut, \
+         {:?} after the first replica's last write was answered; {} writes of the first replica after it",
+        of_a.len(),
+        last_a.saturating_duration_since(cut),
+        first_b.saturating_duration_since(cut),
+        first_b.saturating_duration_since(last_a),
+        late.len(),
+    );
+    // The race was run: the first replica was still writing, mid-chain,
+    // once it could no longer renew.
+    assert!(
+        after_cut > 0,
+        "the first replica wrote nothing after its renewals were cut"
+    );
+    assert!(
+        late.is_empty(),
+        "the former leader wrote after the new leader's first write: {late:#?}"
+    );
+    drop((a, b));
     ns.delete().await;
 }

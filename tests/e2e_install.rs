@@ -37,10 +37,12 @@ async fn install_manifests_pass_server_side_dry_run() {
     for expected in [
         "customresourcedefinition.apiextensions.k8s.io/artifacts.openflux.dev",
         "clusterrole.rbac.authorization.k8s.io/openflux",
+        "role.rbac.authorization.k8s.io/openflux-webhook-certs",
         "deployment.apps/openflux",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/openflux",
         "validatingadmissionpolicy.admissionregistration.k8s.io/",
         "poddisruptionbudget.policy/openflux",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/openflux-secrets",
     ] {
         assert!(text.contains(expected), "{expected} missing from:\n{text}");
     }

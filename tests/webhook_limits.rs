@@ -41,7 +41,11 @@ async fn start() -> Server {
         tls_ca_file: None,
         webhook_dns_names: vec!["localhost".into()],
         webhook_ips: vec!["127.0.0.1".parse().unwrap()],
-        webhook_configuration: None,
+        webhook_configuration: vec![],
+        webhook_cert_secret: None,
+        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
+        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
+        webhook_cert_renew_fraction: 0.67,
         no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 5,
     };

@@ -26,7 +26,11 @@ pub fn serve(dir: &Path) -> anyhow::Result<()> {
             tls_ca_file: Some(dir.join("ca.crt")),
             webhook_dns_names: vec![],
             webhook_ips: vec![],
-            webhook_configuration: None,
+            webhook_configuration: vec![],
+            webhook_cert_secret: None,
+            webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
+            webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
+            webhook_cert_renew_fraction: 0.67,
             no_cross_namespace_refs: false,
             tls_reload_interval_seconds: 1,
         };

@@ -171,14 +171,19 @@ node_start() {
   echo $! >"$dir/pids/$name.pid"
 }
 
-# node_alive I NAME BINARY
+# node_alive I NAME BINARY: the process node_start started runs BINARY, or
+# is still on its way there (node_start's setsid and nsenter exec into it
+# under the same pid, which takes a moment on a busy machine).
 node_alive() {
   local pid exe
   pid=$(cat "$(node_dir "$1")/pids/$2.pid" 2>/dev/null || true)
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
   exe=${exe% (deleted)}
-  [ "${exe##*/}" = "${3##*/}" ]
+  case "${exe##*/}" in
+    "${3##*/}" | setsid | nsenter) return 0 ;;
+    *) return 1 ;;
+  esac
 }
 
 # node_wait I NAME BINARY WHAT COMMAND...: like wait_until, for a node's process.

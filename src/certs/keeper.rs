@@ -20,42 +20,37 @@ use super::material::{
 };
 use crate::locks;
 
-/// File name of the CA certificate, as in a `kubernetes.io/tls` Secret.
-pub const CA_FILE: &str = "ca.crt";
-/// File name of the serving certificate.
-pub const CERT_FILE: &str = "tls.crt";
-/// File name of the serving key.
-pub const KEY_FILE: &str = "tls.key";
+pub use super::material::{CA_FILE, CERT_FILE, KEY_FILE};
 
 /// A server certificate resolver whose certificate is replaced atomically.
 /// Connections keep the certificate they were set up with; new handshakes
-/// see the new one.
-#[derive(Debug)]
+/// see the new one. Until it has a certificate, handshakes fail.
+#[derive(Debug, Default)]
 pub struct SwappableCert {
-    current: RwLock<Arc<CertifiedKey>>,
+    current: RwLock<Option<Arc<CertifiedKey>>>,
 }
 
 impl SwappableCert {
     pub fn new(initial: Arc<CertifiedKey>) -> Self {
         Self {
-            current: RwLock::new(initial),
+            current: RwLock::new(Some(initial)),
         }
     }
 
     /// Serves `next` from the next handshake on.
     pub fn set(&self, next: Arc<CertifiedKey>) {
-        *locks::write(&self.current) = next;
+        *locks::write(&self.current) = Some(next);
     }
 
-    /// The certificate served now.
-    pub fn get(&self) -> Arc<CertifiedKey> {
+    /// The certificate served now, if there is one yet.
+    pub fn get(&self) -> Option<Arc<CertifiedKey>> {
         locks::read(&self.current).clone()
     }
 }
 
 impl ResolvesServerCert for SwappableCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.get())
+        self.get()
     }
 }
 
@@ -322,7 +317,7 @@ mod tests {
         let mut keeper = CertKeeper::start(CertSource::Files(files)).unwrap();
         let resolver = keeper.resolver();
         let mut bundle = keeper.ca_bundle();
-        let served = |r: &SwappableCert| r.get().end_entity_cert().unwrap().to_vec();
+        let served = |r: &SwappableCert| r.get().unwrap().end_entity_cert().unwrap().to_vec();
         let first_der = served(&resolver);
         assert!(!keeper.refresh(), "unchanged files are not reloaded");
 

@@ -15,6 +15,13 @@ use rustls::pki_types::pem::{Error as PemError, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
+/// File name of the CA certificate, as in a `kubernetes.io/tls` Secret.
+pub const CA_FILE: &str = "ca.crt";
+/// File name of the serving certificate.
+pub const CERT_FILE: &str = "tls.crt";
+/// File name of the serving key.
+pub const KEY_FILE: &str = "tls.key";
+
 /// Validity of a serving certificate unless told otherwise.
 pub const DEFAULT_CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Validity of a CA unless told otherwise.
@@ -40,10 +47,13 @@ fn invalid(message: impl Into<String>) -> CertError {
 
 /// A CA that can issue serving certificates.
 pub struct Authority {
-    params: CertificateParams,
-    key: KeyPair,
+    issuer: Issuer<'static, KeyPair>,
     /// The CA certificate, PEM.
     pub cert_pem: String,
+    /// The CA's private key, PEM.
+    pub key_pem: String,
+    /// When the CA expires, seconds since the Unix epoch.
+    pub not_after: i64,
 }
 
 /// A serving certificate and its key, PEM.
@@ -91,12 +101,39 @@ impl Authority {
         let cert = params.self_signed(&key)?;
         Ok(Self {
             cert_pem: cert.pem(),
-            params,
-            key,
+            key_pem: key.serialize_pem(),
+            not_after: params.not_after.unix_timestamp(),
+            issuer: Issuer::new(params, key),
         })
     }
 
-    /// Issues a serving certificate for the names and addresses.
+    /// A CA kept as PEM (its certificate and key), to issue more
+    /// certificates with.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, CertError> {
+        let key = KeyPair::from_pem(key_pem)
+            .map_err(|e| invalid(format!("the CA key is unreadable: {e}")))?;
+        let der = parse_certs(cert_pem.as_bytes())?;
+        let Some(first) = der.first() else {
+            return Err(invalid("no certificate found in the CA PEM"));
+        };
+        let (_, parsed) = x509_parser::parse_x509_certificate(first.as_ref())
+            .map_err(|e| invalid(format!("the CA certificate is not valid X.509: {e}")))?;
+        if parsed.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+            return Err(invalid("the CA key does not fit the CA certificate"));
+        }
+        let not_after = parsed.validity().not_after.timestamp();
+        let issuer = Issuer::from_ca_cert_der(first, key)
+            .map_err(|e| invalid(format!("the CA certificate cannot issue: {e}")))?;
+        Ok(Self {
+            cert_pem: pem_of(first),
+            key_pem: key_pem.to_string(),
+            not_after,
+            issuer,
+        })
+    }
+
+    /// Issues a serving certificate for the names and addresses, valid for
+    /// `validity` but never past the CA's own expiry.
     pub fn issue(
         &self,
         dns_names: &[String],
@@ -131,8 +168,10 @@ impl Authority {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         (params.not_before, params.not_after) = validity_window(validity);
-        let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer)?;
+        if let Ok(ceiling) = time::OffsetDateTime::from_unix_timestamp(self.not_after) {
+            params.not_after = params.not_after.min(ceiling);
+        }
+        let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Issued {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -304,9 +343,7 @@ pub(crate) mod tests {
         let mut params = CertificateParams::new(vec!["x".to_string()]).unwrap();
         params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(10);
         params.not_after = time::OffsetDateTime::now_utc() - time::Duration::days(1);
-        let cert = params
-            .signed_by(&key, &Issuer::from_params(&ca.params, &ca.key))
-            .unwrap();
+        let cert = params.signed_by(&key, &ca.issuer).unwrap();
         let err = material_from_pem(cert.pem().as_bytes(), key.serialize_pem().as_bytes(), None)
             .unwrap_err();
         assert!(err.to_string().contains("expired"), "{err}");

@@ -6,11 +6,18 @@
 //! changes (a mounted Secret is swapped by Kubernetes through a symlink, so
 //! the files are polled by content rather than watched), or, without files,
 //! creates a CA and serving certificate in memory and renews the serving
-//! certificate (same CA) well before it expires.
+//! certificate (same CA) well before it expires, or keeps them in a Secret
+//! that every replica serves from and the elected leader creates and renews
+//! ([`secret`] and [`renew`], timed by [`rotation`], its content in
+//! [`stored`]).
 
 pub mod command;
 pub mod keeper;
 pub mod material;
+pub mod renew;
+pub mod rotation;
+pub mod secret;
+pub mod stored;
 
 pub use command::{run, CertsArgs};
 pub use keeper::{
@@ -21,3 +28,6 @@ pub use material::{
     material_from_pem, parse_certs, pem_of, provider, Authority, CertError, Issued, Material,
     DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY,
 };
+pub use rotation::Timing;
+pub use secret::{SecretCerts, DEFAULT_SECRET};
+pub use stored::Names;

@@ -2,13 +2,15 @@
 //! gate. Without it, kustomize-controller and helm-controller refuse every
 //! ExternalArtifact reference (and so everything openflux exports) with a
 //! message in the consumer's `Ready` condition; openflux reads those
-//! conditions now and then, and reports the problem once, loudly, with the fix.
+//! conditions from the leader's consumer watches (which keep that condition
+//! of a consumer refused for the gate, see [`refused_condition`]) now and
+//! then, and reports the problem once, loudly, with the fix.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::ListParams;
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::{Api, Client, ResourceExt};
+use kube::core::DynamicObject;
+use kube::ResourceExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -54,13 +56,30 @@ impl GateMetrics {
 
 /// Whether a consumer's `Ready` message says the gate is off.
 pub fn refused_for_gate(obj: &DynamicObject) -> bool {
+    refused_condition(obj).is_some()
+}
+
+/// The consumer's `Ready` condition when it says the consumer was refused
+/// for the gate: `Ready=False` with Flux's message.
+pub fn refused_condition(obj: &DynamicObject) -> Option<&serde_json::Value> {
     obj.data["status"]["conditions"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|c| c["type"] == "Ready" && c["status"] == "False")
-        .filter_map(|c| c["message"].as_str())
-        .any(|m| m.contains("ExternalArtifact feature gate is disabled"))
+        .find(|c| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("ExternalArtifact feature gate is disabled"))
+        })
+}
+
+/// The first of `objects` refused for the gate, as `namespace/name`.
+pub fn first_refused<'a>(objects: impl IntoIterator<Item = &'a DynamicObject>) -> Option<String> {
+    objects
+        .into_iter()
+        .find(|o| refused_for_gate(o))
+        .map(|o| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()))
 }
 
 /// The warning for a consumer kind, naming one refused object.
@@ -71,34 +90,21 @@ pub fn warning(kind: &str, controller: &str, example: &str) -> String {
     )
 }
 
-/// Checks the consumers every `period` until `shutdown`.
-/// `namespace: None` checks all namespaces.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    metrics: GateMetrics,
-    period: Duration,
-    shutdown: CancellationToken,
-) {
+/// Checks the consumers every `period` until `shutdown`. `objects` gives
+/// the consumers of a kind as the leader's watch holds them (`None` while
+/// that kind is not watched): no API call.
+pub async fn run<F>(objects: F, metrics: GateMetrics, period: Duration, shutdown: CancellationToken)
+where
+    F: Fn(&'static Consumer) -> Option<Vec<Arc<DynamicObject>>>,
+{
     let gated = gated();
     let mut reported = vec![false; gated.len()];
     loop {
         for (i, (c, controller)) in gated.iter().enumerate() {
-            let ar = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(c.group, c.version, c.kind),
-                c.resource,
-            );
-            let api: Api<DynamicObject> = match &namespace {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                None => Api::all_with(client.clone(), &ar),
+            let Some(watched) = objects(c) else {
+                continue;
             };
-            let refused = match first_refused(&api).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(kind = c.kind, error = %e, "checking consumers for the ExternalArtifact gate failed");
-                    continue;
-                }
-            };
+            let refused = first_refused(watched.iter().map(AsRef::as_ref));
             let gauge = metrics.disabled.get_or_create(&ConsumerLabels {
                 consumer: c.kind.to_string(),
             });
@@ -119,24 +125,6 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.cancelled() => return,
-        }
-    }
-}
-
-async fn first_refused(api: &Api<DynamicObject>) -> Result<Option<String>, kube::Error> {
-    let mut lp = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&lp).await?;
-        if let Some(o) = page.items.iter().find(|o| refused_for_gate(o)) {
-            return Ok(Some(format!(
-                "{}/{}",
-                o.namespace().unwrap_or_default(),
-                o.name_any()
-            )));
-        }
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
-            _ => return Ok(None),
         }
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::gate;
 use crate::consumers::references::{ConsumerKey, Entry};
 use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::consumers::table::{Consumer, CONSUMERS};
@@ -95,6 +96,14 @@ impl Consumers {
             ));
             locks::write(&self.watched).insert(consumer.kind, (resource, store));
         }
+    }
+
+    /// The consumers of `consumer`'s kind as its watch holds them (see
+    /// [`slim`]), `None` while that kind is not watched.
+    pub fn objects(&self, consumer: &Consumer) -> Option<Vec<Arc<DynamicObject>>> {
+        locks::read(&self.watched)
+            .get(consumer.kind)
+            .map(|(_, store)| store.state())
     }
 
     /// Every consumer of every watched kind.
@@ -302,18 +311,34 @@ fn observe(
     }
 }
 
-/// Keeps what references and re-pointing read: metadata without managed
-/// fields, the spec, and `status.observedGeneration`.
+/// Keeps what references, re-pointing and the gate check read: metadata
+/// without managed fields, the spec, `status.observedGeneration`, and the
+/// `Ready` condition (type, status, reason, message) of a consumer refused
+/// for the ExternalArtifact gate ([`gate::refused_condition`]); no other
+/// condition, so a consumer costs no more than before unless it is refused.
 fn slim(object: &mut DynamicObject) {
     object.metadata.managed_fields = None;
     let observed = object.data.pointer("/status/observedGeneration").cloned();
+    let refused = gate::refused_condition(object).map(|c| {
+        let mut kept = serde_json::Map::new();
+        for field in ["type", "status", "reason", "message"] {
+            if let Some(v) = c.get(field) {
+                kept.insert(field.into(), v.clone());
+            }
+        }
+        Value::Object(kept)
+    });
     if let Some(o) = object.data.as_object_mut() {
         o.remove("status");
+        let mut status = serde_json::Map::new();
         if let Some(observed) = observed {
-            o.insert(
-                "status".into(),
-                serde_json::json!({ "observedGeneration": observed }),
-            );
+            status.insert("observedGeneration".into(), observed);
+        }
+        if let Some(refused) = refused {
+            status.insert("conditions".into(), Value::Array(vec![refused]));
+        }
+        if !status.is_empty() {
+            o.insert("status".into(), Value::Object(status));
         }
     }
 }
@@ -334,5 +359,48 @@ mod tests {
         assert_eq!(guarded["metadata"]["annotations"]["a"], "b");
         assert_eq!(guarded["metadata"]["resourceVersion"], "7");
         assert_eq!(with_precondition(patch.clone(), None), patch);
+    }
+
+    fn kustomization(conditions: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+            "metadata": {"name": "web", "namespace": "apps", "managedFields": [{"manager": "x"}]},
+            "spec": {"interval": "10m", "sourceRef": {"kind": "ExternalArtifact", "name": "web"}},
+            "status": {"observedGeneration": 3, "lastAppliedRevision": "v1", "inventory": {"entries": []},
+                       "conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_watch_keeps_what_the_gate_check_reads_and_no_more() {
+        let message =
+            "can't access 'ExternalArtifact/apps/web', ExternalArtifact feature gate is disabled";
+        let mut refused = kustomization(json!([
+            {"type": "Reconciling", "status": "True", "reason": "Progressing", "message": "x".repeat(4096)},
+            {"type": "Ready", "status": "False", "reason": "AccessDenied", "message": message,
+             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 3},
+        ]));
+        slim(&mut refused);
+        assert!(gate::refused_for_gate(&refused));
+        assert_eq!(
+            refused.data["status"],
+            json!({"observedGeneration": 3, "conditions": [
+                {"type": "Ready", "status": "False", "reason": "AccessDenied", "message": message}]})
+        );
+        assert_eq!(gate::first_refused([&refused]).as_deref(), Some("apps/web"));
+        assert!(refused.metadata.managed_fields.is_none());
+        assert_eq!(refused.data["spec"]["sourceRef"]["name"], "web");
+
+        let mut fine = kustomization(json!([
+            {"type": "Ready", "status": "False", "reason": "BuildFailed", "message": "y".repeat(4096)},
+        ]));
+        slim(&mut fine);
+        assert_eq!(fine.data["status"], json!({"observedGeneration": 3}));
+        assert_eq!(
+            gate::first_refused([&fine, &refused]).as_deref(),
+            Some("apps/web")
+        );
+        assert_eq!(gate::first_refused([&fine]), None);
     }
 }

@@ -1,7 +1,8 @@
 //! The `gotk_*` series the export controller records per Artifact, and
 //! their removal once the Artifact is gone: at once when a wake finds it
-//! gone, otherwise by a sweep every [`SERIES_SWEEP`] (an Artifact never
-//! exported wakes nothing when it goes).
+//! gone (the router wakes a deleted Artifact's own reconcile, exported or
+//! not), otherwise by a sweep every [`SERIES_SWEEP`]
+//! (series recorded after that wake, by a reconcile that was running).
 
 use std::collections::HashSet;
 use std::sync::Mutex;

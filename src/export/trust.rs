@@ -224,26 +224,27 @@ mod tests {
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read_to_string(&path).unwrap();
-        let param = serde_yaml_ng::Deserializer::from_str(&text)
+        let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
-            .find(|doc| doc["kind"] == "ConfigMap")
-            .expect("the policy's parameter");
+            .collect();
+        let policy = docs
+            .iter()
+            .find(|doc| doc["kind"] == "ValidatingAdmissionPolicy")
+            .expect("the policy");
+        // First, where the README's kustomize patch replaces it.
+        let variable = &policy["spec"]["variables"][0];
+        assert_eq!(variable["name"], json!("fluxNamespace"));
         assert_eq!(
-            param["data"]["fluxNamespace"],
-            json!(defaults.run.flux_namespace)
+            variable["expression"],
+            json!(format!("'{}'", defaults.run.flux_namespace))
         );
-        let binding = serde_yaml_ng::Deserializer::from_str(&text)
-            .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
-            .find(|doc| doc["kind"] == "ValidatingAdmissionPolicyBinding")
-            .expect("the binding");
-        assert_eq!(
-            binding["spec"]["paramRef"]["name"],
-            param["metadata"]["name"]
-        );
-        assert_eq!(
-            binding["spec"]["paramRef"]["namespace"],
-            param["metadata"]["namespace"]
-        );
+        // No parameter: a built-in paramKind stops resolving once its
+        // binding is deleted and created again, until the API server
+        // restarts.
+        assert!(policy["spec"].get("paramKind").is_none(), "{policy}");
+        for doc in &docs {
+            assert!(doc["spec"].get("paramRef").is_none(), "{doc}");
+        }
     }
 
     #[test]

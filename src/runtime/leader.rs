@@ -127,6 +127,16 @@ impl Controllers {
         }
     }
 
+    /// The consumer kinds the leader watches, and their stores.
+    pub fn consumers(&self) -> Consumers {
+        self.consumers.clone()
+    }
+
+    /// Runs `task` as a task of this term: aborted with the others.
+    pub fn also(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
+    }
+
     /// Runs until shutdown, then waits for every controller to stop.
     ///
     /// The loop itself awaits no API call: discovery, re-pointing and every

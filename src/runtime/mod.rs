@@ -48,8 +48,9 @@ use crate::export::verify::Verifier;
 use crate::index::OwnerIndex;
 use crate::telemetry::{self, Metrics, Readiness};
 
-/// How often the leader checks Flux consumers for the ExternalArtifact gate.
-const GATE_CHECK_PERIOD: Duration = Duration::from_secs(60);
+/// How often the leader checks Flux consumers for the ExternalArtifact gate
+/// (in its watches' stores: no API call).
+const GATE_CHECK_PERIOD: Duration = Duration::from_secs(10);
 /// Time the controllers get to finish their reconciles once stopped (at
 /// shutdown, or when the Lease is lost) before they are aborted.
 pub const CONTROLLERS_STOP_GRACE: Duration = Duration::from_secs(4);
@@ -64,6 +65,11 @@ pub struct Shared {
     pub registry: Arc<Mutex<Registry>>,
     pub readiness: Arc<Readiness>,
     pub shutdown: CancellationToken,
+    /// The current term while this replica runs the controllers (cancelled
+    /// when it ends): what else the leader alone does runs by it.
+    pub leading: tokio::sync::watch::Receiver<Option<CancellationToken>>,
+    /// Kubernetes Events (and notifications) as openflux.
+    pub events: EventRecorder,
 }
 
 /// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
@@ -88,6 +94,8 @@ where
     let target_metrics = survey::TargetMetrics::register(&mut registry);
     let readiness = Arc::new(Readiness::default());
     readiness.register(&mut registry);
+    let (terms, leading) = tokio::sync::watch::channel(None);
+    let events = event_recorder(&client, runtime)?;
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -95,6 +103,8 @@ where
         registry: Arc::new(Mutex::new(registry)),
         readiness,
         shutdown: CancellationToken::new(),
+        leading,
+        events: events.clone(),
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
@@ -118,7 +128,7 @@ where
         index: shared.index.clone(),
         metrics: metrics.clone(),
         memo: WriteMemo::default(),
-        events: event_recorder(&client, runtime)?,
+        events,
         facts: shared.facts.clone(),
         references: Default::default(),
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
@@ -174,6 +184,7 @@ where
         metrics: metrics.clone(),
         concurrency: runtime.concurrent,
         readiness: shared.readiness.clone(),
+        terms,
     };
     match leader_election.enable_leader_election {
         true => {
@@ -217,28 +228,32 @@ struct Leading {
     metrics: Metrics,
     concurrency: u16,
     readiness: Arc<Readiness>,
+    /// Tells the rest of the process which term is current.
+    terms: tokio::sync::watch::Sender<Option<CancellationToken>>,
 }
 
 impl Leading {
     /// Starts the controllers and the gate check until `term` is cancelled.
     fn start(&self, term: CancellationToken) -> JoinHandle<()> {
         self.metrics.leader.set(1);
-        tokio::spawn(gate::run(
-            self.ctx.client.clone(),
-            self.scope.namespace.clone(),
-            self.gate_metrics.clone(),
-            GATE_CHECK_PERIOD,
-            term.clone(),
-        ));
-        let controllers = Controllers::new(
+        self.terms.send_replace(Some(term.clone()));
+        let mut controllers = Controllers::new(
             self.ctx.clone(),
             self.facts_seen.clone(),
             self.hub.clone(),
             self.scope.clone(),
             self.concurrency,
             self.readiness.clone(),
-            term,
+            term.clone(),
         );
+        // The gate check reads the consumers the leader watches.
+        let consumers = controllers.consumers();
+        controllers.also(gate::run(
+            move |c| consumers.objects(c),
+            self.gate_metrics.clone(),
+            GATE_CHECK_PERIOD,
+            term,
+        ));
         tokio::spawn(controllers.run())
     }
 }

@@ -154,8 +154,13 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
 
 /// Whom a change of the Artifact `entry` concerns. Its siblings are the same
 /// in the index before and after the change, which touches `entry` alone.
+/// A deleted Artifact wakes its own export reconcile too, which finds it
+/// gone and removes its series at once, whether it was exported or not.
 fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) -> BTreeSet<Wake> {
     let mut wake = BTreeSet::new();
+    if deleted {
+        wake.insert(Wake::Export(entry.key.clone()));
+    }
     if let Some(owner) = &entry.owner {
         if let Some(stock) = StockSource::find(&owner.source.group, &owner.source.kind) {
             wake.insert(Wake::Mirror {
@@ -166,9 +171,7 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
             return wake;
         }
     }
-    if !deleted {
-        wake.insert(Wake::Export(entry.key.clone()));
-    }
+    wake.insert(Wake::Export(entry.key.clone()));
     if let Some(owner) = &entry.owner {
         let siblings = index.artifacts_of_owner_uid(&owner.uid);
         wake.extend(

@@ -192,17 +192,19 @@ fn routes_every_kind_of_event() {
         ("custom Artifact, the only one of its source", Event::Artifact(Applied(&web)), "apply apps/web-latest", "export apps/web-latest"),
         ("custom Artifact with a sibling: both exports are named anew", Event::Artifact(Applied(&m1)), "apply apps/m1", "export apps/m1, export apps/m2"),
         ("a third Artifact of a source", Event::Artifact(Applied(&m3)), "apply apps/m3", "export apps/m1, export apps/m2, export apps/m3"),
-        ("custom Artifact deleted: its export goes with it, the sibling is renamed", Event::Artifact(Deleted(&m1)), "delete apps/m1", "export apps/m2"),
-        ("custom Artifact deleted, no sibling", Event::Artifact(Deleted(&web)), "delete apps/web-latest", ""),
+        // A deleted Artifact's own wake finds it gone: its series go at
+        // once, exported or not.
+        ("custom Artifact deleted: its export goes with it, the sibling is renamed", Event::Artifact(Deleted(&m1)), "delete apps/m1", "export apps/m1, export apps/m2"),
+        ("custom Artifact deleted, no sibling", Event::Artifact(Deleted(&web)), "delete apps/web-latest", "export apps/web-latest"),
         ("standalone Artifact", Event::Artifact(Applied(&loose)), "apply apps/loose", "export apps/loose"),
-        ("standalone Artifact deleted", Event::Artifact(Deleted(&loose)), "delete apps/loose", ""),
+        ("standalone Artifact deleted", Event::Artifact(Deleted(&loose)), "delete apps/loose", "export apps/loose"),
         // An Artifact of someone else's under a mirror's name stood in the
         // mirror's way: once it goes, the mirror may write its own.
-        ("an Artifact under a mirror's name deleted", Event::Artifact(Deleted(&blocking)), "delete apps/gitrepository-blocked", "mirror GitRepository apps/blocked"),
+        ("an Artifact under a mirror's name deleted", Event::Artifact(Deleted(&blocking)), "delete apps/gitrepository-blocked", "export apps/gitrepository-blocked, mirror GitRepository apps/blocked"),
         ("a stock kind's name in another API group is a custom source", Event::Artifact(Applied(&lookalike)), "apply apps/gitrepository-x", "export apps/gitrepository-x"),
         // Artifacts of stock sources: the mirror that keeps them.
         ("mirrored Artifact changed (by someone else)", Event::Artifact(Applied(&git)), "apply apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
-        ("mirrored Artifact deleted: the mirror writes it again", Event::Artifact(Deleted(&git)), "delete apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
+        ("mirrored Artifact deleted: the mirror writes it again", Event::Artifact(Deleted(&git)), "delete apps/gitrepository-podinfo", "export apps/gitrepository-podinfo, mirror GitRepository apps/podinfo"),
         ("Artifact of a foreign ExternalArtifact", Event::Artifact(Applied(&ea_owned)), "apply apps/externalartifact-foreign", "mirror ExternalArtifact apps/foreign"),
         ("an Artifact without namespace is not indexed", Event::Artifact(Applied(&no_namespace)), "-", ""),
         // The Artifact watch (re)started: the index is replaced.
@@ -245,7 +247,10 @@ fn routing_applied_changes_keeps_the_index_in_step() {
     index.change(routed.index.unwrap());
     assert_eq!(index.len(), 6);
     let routed = route(&Event::Artifact(Change::Deleted(&m3)), &index);
-    assert_eq!(describe(&routed).1, ["export apps/m1", "export apps/m2"]);
+    assert_eq!(
+        describe(&routed).1,
+        ["export apps/m1", "export apps/m2", "export apps/m3"]
+    );
     index.change(routed.index.unwrap());
     assert_eq!(index.len(), 5);
     assert!(index.artifact("apps", "m3").is_none());

@@ -7,9 +7,10 @@
 //! in-memory owner index only: no API call on the request path.
 //!
 //! [`serve`] runs it: HTTPS on `--webhook-addr` with a certificate from
-//! mounted files (reloaded on change) or made in memory, and, with
-//! `--webhook-configuration`, the CA bundle kept in that
-//! MutatingWebhookConfiguration.
+//! mounted files (reloaded on change), from a Secret openflux keeps itself
+//! (`--webhook-cert-secret`), or made in memory, and, with
+//! `--webhook-configuration`, the CA bundle kept in those
+//! MutatingWebhookConfigurations.
 
 pub mod answer;
 pub mod cabundle;
@@ -31,8 +32,12 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::certs::{self, CertFiles, CertKeeper, CertSource};
+use crate::certs::{self, CertFiles, CertKeeper, CertSource, Names, SecretCerts, Timing};
+use crate::telemetry::Readiness;
+use openflux_api::runtime::flags::parse_duration;
+use openflux_api::runtime::EventRecorder;
 
 pub use server::Knowledge;
 
@@ -41,13 +46,15 @@ pub use metrics::{register, WebhookMetrics};
 pub use rewrite::decide;
 
 /// Flags of the webhook, part of `openflux run`.
-#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+#[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct WebhookArgs {
     /// Address the HTTPS admission webhook listens on.
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub webhook_addr: SocketAddr,
-    /// PEM certificate (chain) to serve, reloaded when it changes; without it
-    /// openflux makes a CA and certificate in memory.
+    /// PEM certificate (chain) to serve, reloaded when it changes (a
+    /// Secret made by hand or by cert-manager, mounted); without it and
+    /// without --webhook-cert-secret openflux makes a CA and certificate in
+    /// memory, for one replica.
     #[arg(long, requires = "tls_key_file")]
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of --tls-cert-file.
@@ -57,17 +64,32 @@ pub struct WebhookArgs {
     /// beside the certificate, else the chain's last certificate].
     #[arg(long, requires = "tls_cert_file")]
     pub tls_ca_file: Option<PathBuf>,
-    /// DNS name of the in-memory certificate (repeatable).
+    /// Keep the CA and serving certificate in this Secret of openflux's
+    /// namespace (default name openflux-webhook-tls): the leader creates
+    /// and renews it, every replica serves from it.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, require_equals = true,
+          default_missing_value = certs::DEFAULT_SECRET, conflicts_with = "tls_cert_file")]
+    pub webhook_cert_secret: Option<String>,
+    /// Validity of a CA made for --webhook-cert-secret (Go duration).
+    #[arg(long, value_name = "DURATION", default_value = "87600h", value_parser = parse_duration)]
+    pub webhook_ca_validity: Duration,
+    /// Validity of a serving certificate made for --webhook-cert-secret.
+    #[arg(long, value_name = "DURATION", default_value = "8760h", value_parser = parse_duration)]
+    pub webhook_cert_validity: Duration,
+    /// Share of a certificate's validity after which it is renewed.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.67)]
+    pub webhook_cert_renew_fraction: f64,
+    /// DNS name of a certificate openflux makes (repeatable).
     #[arg(long = "webhook-dns-name", value_name = "NAME", default_values = ["localhost"])]
     pub webhook_dns_names: Vec<String>,
-    /// IP address of the in-memory certificate (repeatable).
+    /// IP address of a certificate openflux makes (repeatable).
     #[arg(long = "webhook-ip", value_name = "IP", default_values = ["127.0.0.1"])]
     pub webhook_ips: Vec<IpAddr>,
     /// MutatingWebhookConfiguration and ValidatingWebhookConfiguration (of
-    /// this one name) whose webhooks get the CA bundle of the served
-    /// certificate.
+    /// each name) whose webhooks get the CA bundle of the served certificate
+    /// (repeatable).
     #[arg(long, value_name = "NAME")]
-    pub webhook_configuration: Option<String>,
+    pub webhook_configuration: Vec<String>,
     /// Deny references to sources in another namespace, like Flux's flag.
     #[arg(long)]
     pub no_cross_namespace_refs: bool,
@@ -92,6 +114,15 @@ impl WebhookArgs {
         }
     }
 
+    /// The timing of certificates kept in a Secret.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            ca_validity: self.webhook_ca_validity,
+            cert_validity: self.webhook_cert_validity,
+            renew_fraction: self.webhook_cert_renew_fraction,
+        }
+    }
+
     /// The options of the decision.
     pub fn options(&self) -> Options {
         Options {
@@ -100,14 +131,43 @@ impl WebhookArgs {
     }
 }
 
+/// What the webhook needs of the cluster: a client to keep the CA bundle in
+/// the webhook configurations, and, for certificates kept in a Secret,
+/// openflux's namespace, its readiness and its terms of leadership.
+#[derive(Clone)]
+pub struct InCluster {
+    pub client: kube::Client,
+    /// openflux's namespace, where the certificate Secret is.
+    pub namespace: Option<String>,
+    /// Held back until a certificate is served.
+    pub readiness: Option<Arc<Readiness>>,
+    /// The current term while this replica leads (cancelled when it ends).
+    pub leading: Option<watch::Receiver<Option<CancellationToken>>>,
+    /// Events on the certificate Secret.
+    pub events: Option<EventRecorder>,
+}
+
+impl From<kube::Client> for InCluster {
+    fn from(client: kube::Client) -> Self {
+        InCluster {
+            client,
+            namespace: None,
+            readiness: None,
+            leading: None,
+            events: None,
+        }
+    }
+}
+
 /// Serves the webhook on `--webhook-addr` until `shutdown` completes.
 ///
-/// `client` is used only to keep the CA bundle in `--webhook-configuration`;
-/// without a client that flag is ignored with a warning. Errors only when the
-/// address cannot be bound or the first certificate cannot be loaded.
+/// `cluster` is used to keep the CA bundle in `--webhook-configuration`
+/// (without it that flag is ignored with a warning) and for
+/// `--webhook-cert-secret`, which needs it. Errors when the address cannot
+/// be bound, the first certificate cannot be loaded or the flags do not fit.
 pub async fn serve(
     args: WebhookArgs,
-    client: Option<kube::Client>,
+    cluster: Option<InCluster>,
     knowledge: Knowledge,
     metrics: WebhookMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -115,52 +175,61 @@ pub async fn serve(
     let listener = TcpListener::bind(args.webhook_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.webhook_addr))?;
-    serve_on(listener, args, client, knowledge, metrics, shutdown).await
+    serve_on(listener, args, cluster, knowledge, metrics, shutdown).await
 }
 
 /// [`serve`] on a listener already bound (tests bind port 0).
 pub async fn serve_on(
     listener: TcpListener,
     args: WebhookArgs,
-    client: Option<kube::Client>,
+    cluster: Option<InCluster>,
     knowledge: Knowledge,
     metrics: WebhookMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let keeper =
-        CertKeeper::start(args.cert_source()).context("cannot load the webhook certificate")?;
-    let tls = certs::server_config(keeper.resolver()).context("cannot configure TLS")?;
     let (stop_tx, stop_rx) = watch::channel(false);
-
-    let ca_bundle = keeper.ca_bundle();
-    let interval = Duration::from_secs(args.tls_reload_interval_seconds.max(1));
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(keeper.run(interval, stop_rx.clone()));
-    match (&args.webhook_configuration, client.clone()) {
-        (Some(name), Some(client)) => {
-            use k8s_openapi::api::admissionregistration::v1 as admission;
-            tasks.spawn(cabundle::keep_injected::<
-                admission::MutatingWebhookConfiguration,
-            >(
-                client.clone(),
-                name.clone(),
-                ca_bundle.clone(),
-                stop_rx.clone(),
-            ));
-            tasks.spawn(cabundle::keep_injected::<
-                admission::ValidatingWebhookConfiguration,
-            >(
-                client, name.clone(), ca_bundle, stop_rx.clone()
-            ));
+    let (resolver, ca_bundle) = match &args.webhook_cert_secret {
+        Some(name) => from_secret(&args, name, cluster.as_ref(), &mut tasks, &stop_rx)?,
+        None => {
+            let keeper = CertKeeper::start(args.cert_source())
+                .context("cannot load the webhook certificate")?;
+            let interval = Duration::from_secs(args.tls_reload_interval_seconds.max(1));
+            let found = (keeper.resolver(), keeper.ca_bundle());
+            tasks.spawn(keeper.run(interval, stop_rx.clone()));
+            found
         }
-        (Some(name), None) => {
-            tracing::warn!(configuration = %name, "no Kubernetes client: not writing the CA bundle into the webhook configuration");
+    };
+    let tls = certs::server_config(resolver).context("cannot configure TLS")?;
+    for name in &args.webhook_configuration {
+        match &cluster {
+            Some(cluster) => {
+                use k8s_openapi::api::admissionregistration::v1 as admission;
+                tasks.spawn(cabundle::keep_injected::<
+                    admission::MutatingWebhookConfiguration,
+                >(
+                    cluster.client.clone(),
+                    name.clone(),
+                    ca_bundle.clone(),
+                    stop_rx.clone(),
+                ));
+                tasks.spawn(cabundle::keep_injected::<
+                    admission::ValidatingWebhookConfiguration,
+                >(
+                    cluster.client.clone(),
+                    name.clone(),
+                    ca_bundle.clone(),
+                    stop_rx.clone(),
+                ));
+            }
+            None => {
+                tracing::warn!(configuration = %name, "no Kubernetes client: not writing the CA bundle into the webhook configuration");
+            }
         }
-        (None, _) => {}
     }
-    if let Some(client) = &client {
+    if let Some(cluster) = &cluster {
         tasks.spawn(crate::policy::watch::run(
-            client.clone(),
+            cluster.client.clone(),
             knowledge.policies.clone(),
             knowledge.readiness.clone(),
             stop_rx.clone(),
@@ -176,6 +245,68 @@ pub async fn serve_on(
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+type Served = (Arc<certs::SwappableCert>, watch::Receiver<Vec<u8>>);
+
+/// Starts serving from the Secret `name` (every replica) and keeping it
+/// (while leading); the resolver has no certificate until the Secret's is
+/// loaded.
+fn from_secret(
+    args: &WebhookArgs,
+    name: &str,
+    cluster: Option<&InCluster>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Served> {
+    let cluster = cluster.context("--webhook-cert-secret needs a Kubernetes client")?;
+    let namespace = cluster.namespace.clone().context(
+        "--webhook-cert-secret needs openflux's namespace: pass --namespace or set RUNTIME_NAMESPACE",
+    )?;
+    let timing = args.timing();
+    timing
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--webhook-cert-validity and its kin: {e}"))?;
+    let secret = SecretCerts {
+        namespace,
+        name: name.to_string(),
+        names: Names {
+            dns_names: args.webhook_dns_names.clone(),
+            ips: args.webhook_ips.clone(),
+        },
+        timing,
+        configurations: args.webhook_configuration.clone(),
+    };
+    let resolver = Arc::new(certs::SwappableCert::default());
+    let (bundle_tx, bundle_rx) = watch::channel(Vec::new());
+    let (seen_tx, seen_rx) = watch::channel(0u64);
+    let readiness = cluster.readiness.clone().unwrap_or_default();
+    tasks.spawn(certs::secret::serve(
+        cluster.client.clone(),
+        secret.clone(),
+        cluster.events.clone(),
+        resolver.clone(),
+        bundle_tx,
+        readiness.serving_watch("webhook certificate Secret"),
+        seen_tx,
+        stop.clone(),
+    ));
+    match cluster.leading.clone() {
+        Some(terms) => {
+            tasks.spawn(certs::renew::keep(
+                cluster.client.clone(),
+                secret,
+                cluster.events.clone(),
+                terms,
+                seen_rx,
+                stop.clone(),
+            ));
+        }
+        None => {
+            tracing::warn!(secret = %name, "not taking part in leadership: serving the Secret, never writing it")
+        }
+    }
+    Ok((resolver, bundle_rx))
 }
 
 #[cfg(test)]
@@ -228,6 +359,42 @@ mod tests {
             })
         );
         assert!(Cli::try_parse_from(["openflux", "--tls-cert-file", "/c/tls.crt"]).is_err());
+        assert_eq!(cli.webhook.webhook_configuration, vec!["openflux"]);
+    }
+
+    #[test]
+    fn the_secret_mode_has_a_default_name_and_timings() {
+        let cli = Cli::try_parse_from(["openflux"]).unwrap();
+        assert_eq!(cli.webhook.webhook_cert_secret, None);
+        let timing = cli.webhook.timing();
+        assert_eq!(timing.ca_validity, Duration::from_secs(87600 * 3600));
+        assert_eq!(timing.cert_validity, Duration::from_secs(8760 * 3600));
+        timing.validate().unwrap();
+        let cli = Cli::try_parse_from(["openflux", "--webhook-cert-secret"]).unwrap();
+        assert_eq!(
+            cli.webhook.webhook_cert_secret.as_deref(),
+            Some("openflux-webhook-tls")
+        );
+        let cli = Cli::try_parse_from([
+            "openflux",
+            "--webhook-cert-secret=certs",
+            "--webhook-cert-validity=30s",
+            "--webhook-ca-validity=1m",
+            "--webhook-configuration=a",
+            "--webhook-configuration=b",
+        ])
+        .unwrap();
+        assert_eq!(cli.webhook.webhook_cert_secret.as_deref(), Some("certs"));
+        assert_eq!(cli.webhook.timing().cert_validity, Duration::from_secs(30));
+        assert_eq!(cli.webhook.webhook_configuration, vec!["a", "b"]);
+        // A Secret or files, not both.
+        assert!(Cli::try_parse_from([
+            "openflux",
+            "--webhook-cert-secret",
+            "--tls-cert-file=/c/tls.crt",
+            "--tls-key-file=/c/tls.key",
+        ])
+        .is_err());
     }
 
     /// `openflux run` spawns the webhook beside the controllers.

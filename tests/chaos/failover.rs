@@ -39,7 +39,18 @@ pub struct Outcome {
 
 /// One replica with short Lease timings (4 s, 3 s, 1 s), in namespace `ns`.
 pub async fn start(env: &support::Env, ns: &str) -> Openflux {
-    Openflux::start(
+    let identity = support::identity::openflux_kubeconfig(env);
+    start_as(env, ns, identity).await
+}
+
+/// [`start`] with the kubeconfig `kubeconfig` (for example one that goes
+/// through a [`support::proxy::ApiProxy`]).
+pub async fn start_as(
+    env: &support::Env,
+    ns: &str,
+    kubeconfig: Option<std::path::PathBuf>,
+) -> Openflux {
+    Openflux::start_as(
         env,
         ns,
         &[
@@ -51,6 +62,7 @@ pub async fn start(env: &support::Env, ns: &str) -> Openflux {
             "--leader-election-retry-period=1s",
             &format!("--webhook-addr={}", support::openflux::free_addr()),
         ],
+        kubeconfig,
     )
     .await
 }
@@ -72,6 +84,12 @@ pub async fn two_replicas(env: &support::Env, ns: &str) -> anyhow::Result<([Open
         None
     })
     .await;
+    create_artifacts(env, ns).await?;
+    Ok((replicas, leader))
+}
+
+/// [`ARTIFACTS`] Artifacts `a0`.. in `ns`, at revision `start`.
+pub async fn create_artifacts(env: &support::Env, ns: &str) -> anyhow::Result<()> {
     let digest = format!("sha256:{}", "0".repeat(64));
     for j in 0..ARTIFACTS {
         env.apply(&json!({
@@ -82,7 +100,7 @@ pub async fn two_replicas(env: &support::Env, ns: &str) -> anyhow::Result<([Open
         .await
         .context("creating an Artifact")?;
     }
-    Ok((replicas, leader))
+    Ok(())
 }
 
 /// The APIs of the kinds exports may have: ExternalArtifacts or shadow

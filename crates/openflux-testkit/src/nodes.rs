@@ -16,34 +16,73 @@ pub const INSTALL_SECTION: &str = "## Install beside Flux";
 
 /// What the install block leaves in the directory it runs in (the
 /// repository root), removed before and after [`install_as_readme_says`].
-pub const INSTALL_OUTPUTS: [&str; 2] = ["webhook-tls", "openflux-install"];
+pub const INSTALL_OUTPUTS: [&str; 1] = ["openflux-install"];
 
-/// The first `sh` block of [`INSTALL_SECTION`] in `readme`.
-pub fn install_block_of(readme: &str) -> Result<String, String> {
+/// The README section whose first `sh` block installs openflux with Flux
+/// from its OCI artifact (after the images are pushed as in
+/// [`INSTALL_SECTION`]).
+pub const FLUX_INSTALL_SECTION: &str = "## Install with Flux";
+
+/// The first `sh` block of section `heading` in `readme`.
+pub fn sh_block_of(readme: &str, heading: &str) -> Result<String, String> {
     let start = readme
-        .find(&format!("\n{INSTALL_SECTION}\n"))
-        .ok_or_else(|| format!("README.md has no section '{INSTALL_SECTION}'"))?;
+        .find(&format!("\n{heading}\n"))
+        .ok_or_else(|| format!("README.md has no section '{heading}'"))?;
     let section = &readme[start + 1..];
-    let end = section[INSTALL_SECTION.len()..]
+    let end = section[heading.len()..]
         .find("\n## ")
-        .map_or(section.len(), |i| i + INSTALL_SECTION.len());
+        .map_or(section.len(), |i| i + heading.len());
     let section = &section[..end];
     let open = section
         .find("\n```sh\n")
-        .ok_or_else(|| format!("README.md's '{INSTALL_SECTION}' has no sh block"))?;
+        .ok_or_else(|| format!("README.md's '{heading}' has no sh block"))?;
     let body = &section[open + "\n```sh\n".len()..];
     let close = body
         .find("\n```")
-        .ok_or_else(|| format!("README.md's '{INSTALL_SECTION}' sh block is not closed"))?;
+        .ok_or_else(|| format!("README.md's '{heading}' sh block is not closed"))?;
     Ok(body[..close + 1].to_string())
+}
+
+/// The first `sh` block of [`INSTALL_SECTION`] in `readme`.
+pub fn install_block_of(readme: &str) -> Result<String, String> {
+    sh_block_of(readme, INSTALL_SECTION)
+}
+
+fn readme() -> String {
+    let path = workspace_root().join("README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
 /// The install block of this repository's README.md.
 pub fn install_block() -> String {
-    let path = workspace_root().join("README.md");
-    let readme = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    install_block_of(&readme).unwrap_or_else(|e| panic!("{e}"))
+    install_block_of(&readme()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The lines of `block` down to its last `skopeo copy` command (with that
+/// command's continuation lines): what pushes the images.
+pub fn through_image_push(block: &str) -> Result<String, String> {
+    let lines: Vec<&str> = block.lines().collect();
+    let last = lines
+        .iter()
+        .rposition(|l| l.trim_start().starts_with("skopeo copy"))
+        .ok_or("the install block pushes no image (no `skopeo copy`)")?;
+    let mut end = last;
+    while lines[end].trim_end().ends_with('\\') && end + 1 < lines.len() {
+        end += 1;
+    }
+    Ok(lines[..=end].join("\n") + "\n")
+}
+
+/// What installs openflux with Flux as the README says: the install
+/// block's image push, then the first `sh` block of
+/// [`FLUX_INSTALL_SECTION`].
+pub fn flux_install_block() -> String {
+    let readme = readme();
+    let push = install_block_of(&readme)
+        .and_then(|b| through_image_push(&b))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let flux = sh_block_of(&readme, FLUX_INSTALL_SECTION).unwrap_or_else(|e| panic!("{e}"));
+    push + &flux
 }
 
 /// A variable of the nodes cell's environment, or a panic naming it.
@@ -149,6 +188,49 @@ pub fn start_node(number: &str) {
     cell_command(&["start-node", number]);
 }
 
+/// The openflux image again, from the release binaries `make images`
+/// built, stamped `epoch` (`SOURCE_DATE_EPOCH`): the same program under
+/// another digest, as a new release would be. Pushed to the cell's registry
+/// as `openflux:<tag>` with skopeo (as the README does); returns the
+/// reference by digest, `<registry>/openflux@sha256:...`.
+pub fn push_restamped_openflux(env: &Env, epoch: u64, tag: &str) -> String {
+    let root = workspace_root();
+    let out_dir = tempfile::tempdir().expect("a temp dir");
+    let built = Command::new(root.join("images/build"))
+        .arg("--no-cargo")
+        .env("IMAGES_OUT", out_dir.path())
+        .env("SOURCE_DATE_EPOCH", epoch.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running images/build");
+    assert!(
+        built.status.success(),
+        "images/build --no-cargo: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let registry = registry(env);
+    let digest_file = out_dir.path().join("openflux.digest");
+    let pushed = Command::new("skopeo")
+        .arg("copy")
+        .arg("--digestfile")
+        .arg(&digest_file)
+        .arg(format!(
+            "oci-archive:{}",
+            out_dir.path().join("openflux.oci.tar").display()
+        ))
+        .arg(format!("docker://{registry}/openflux:{tag}"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running skopeo");
+    assert!(
+        pushed.status.success(),
+        "skopeo copy to {registry}: {}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let digest = std::fs::read_to_string(&digest_file).expect("skopeo's digest file");
+    format!("{registry}/openflux@{}", digest.trim())
+}
+
 fn remove_outputs(root: &Path) {
     for out in INSTALL_OUTPUTS {
         let path = root.join(out);
@@ -163,14 +245,23 @@ fn remove_outputs(root: &Path) {
 /// repository root against the nodes cell: `kubectl` is the cell's,
 /// `REGISTRY` the cell's registry (plain HTTP: the cell tells skopeo so in
 /// a registries.conf drop-in, as a user does), `openflux` the release
-/// binary `make images` builds. Its
-/// outputs are removed before and after. Panics with the block's output
-/// when it fails.
+/// binary `make images` builds. Its outputs are removed before and after.
+/// Panics with the block's output when it fails.
 pub fn install_as_readme_says(env: &Env) -> Output {
+    run_block(env, &install_block(), "install beside Flux")
+}
+
+/// Installs openflux with Flux from its OCI artifact as the README says
+/// ([`flux_install_block`]), the artifact pushed to the cell's registry
+/// (plain HTTP, so `OCI_INSECURE=true` as the README tells).
+pub fn install_with_flux_as_readme_says(env: &Env) -> Output {
+    run_block(env, &flux_install_block(), "install with Flux")
+}
+
+fn run_block(env: &Env, block: &str, what: &str) -> Output {
     let root = workspace_root()
         .canonicalize()
         .expect("the repository root");
-    let block = install_block();
     let kubeconfig = env
         .kubeconfig
         .clone()
@@ -186,10 +277,11 @@ pub fn install_as_readme_says(env: &Env) -> Output {
     .expect("PATH");
     remove_outputs(&root);
     let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &block])
+        .args(["-euo", "pipefail", "-c", block])
         .current_dir(&root)
         .env("KUBECONFIG", &kubeconfig)
         .env("REGISTRY", &registry)
+        .env("OCI_INSECURE", "true")
         .env("PATH", path)
         .stdin(Stdio::null())
         .output()
@@ -197,7 +289,7 @@ pub fn install_as_readme_says(env: &Env) -> Output {
     remove_outputs(&root);
     assert!(
         out.status.success(),
-        "the README's install block failed ({}):\n{block}\n----- stdout\n{}\n----- stderr\n{}",
+        "the README's {what} block failed ({}):\n{block}\n----- stdout\n{}\n----- stderr\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -224,6 +316,26 @@ mod tests {
         assert!(install_block_of("# none\n")
             .unwrap_err()
             .contains("no section"));
+    }
+
+    #[test]
+    fn the_image_push_ends_with_the_last_skopeo_copy_and_its_continuations() {
+        let block =
+            "make images\nskopeo copy a \\\n  b\nskopeo copy c \\\n  d\nkubectl apply -k x/\n";
+        assert_eq!(
+            through_image_push(block).unwrap(),
+            "make images\nskopeo copy a \\\n  b\nskopeo copy c \\\n  d\n"
+        );
+        assert!(through_image_push("make images\n").is_err());
+    }
+
+    #[test]
+    fn the_readme_installs_with_flux_from_the_pushed_images() {
+        let block = flux_install_block();
+        assert!(block.contains("skopeo copy"), "{block}");
+        assert!(block.contains("make manifests-artifact"), "{block}");
+        assert!(!block.contains("kubectl apply -k"), "{block}");
+        assert!(block.contains("kind: OCIRepository"), "{block}");
     }
 
     #[test]

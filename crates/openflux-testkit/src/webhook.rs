@@ -61,12 +61,28 @@ impl Drop for Webhook {
 /// pointed at `addr` and limited to namespace `ns`, and lets openflux's
 /// identity keep it as the shipped RBAC lets it keep `openflux`.
 pub async fn local_webhook(env: &Env, prefix: &str, ns: &str, addr: SocketAddr) -> Webhook {
+    local_webhook_selecting(env, prefix, ns, addr, None).await
+}
+
+/// [`local_webhook`] for only the objects `object_selector` (a label
+/// selector) selects, when given: several configurations in one namespace,
+/// each calling its own openflux.
+pub async fn local_webhook_selecting(
+    env: &Env,
+    prefix: &str,
+    ns: &str,
+    addr: SocketAddr,
+    object_selector: Option<Value>,
+) -> Webhook {
     let mut config: Value = serde_yaml_ng::from_str(LOCAL_WEBHOOK).expect("local webhook YAML");
     let name = format!("{prefix}-{ns}");
     config["metadata"]["name"] = json!(name);
     for webhook in config["webhooks"].as_array_mut().expect("webhooks") {
         webhook["clientConfig"]["url"] = json!(format!("https://{addr}/mutate"));
         webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+        if let Some(selector) = &object_selector {
+            webhook["objectSelector"] = selector.clone();
+        }
     }
     let applied = env
         .apply(&config)

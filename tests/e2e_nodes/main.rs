@@ -7,16 +7,22 @@
 //! cell's registry.
 //!
 //! The tests share one installation (made by the first test that needs it)
-//! and hold the cell one after another. They are not part of `make test`
-//! yet (what they add to CI's cold run is not measured): `make test-nodes`
-//! runs them (`cargo test --test e2e_nodes -- --ignored`), and fails, never
-//! skips, when the cell cannot start.
+//! and hold the cell one after another. `make test` runs them with the
+//! rest, `make test-nodes` alone; they fail, never skip, when the cell
+//! cannot start. Faults at the level of Pods are in `faults.rs`, the load
+//! that counts them from the client side in `load.rs`.
 
-use std::sync::OnceLock;
+mod faults;
+mod flux_install;
+mod helm;
+mod load;
+mod upgrade;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{Api, ListParams};
 use openflux_testkit as support;
 use serde_json::{json, Value};
@@ -35,32 +41,26 @@ const FLUX_DEPLOYMENTS: [&str; 4] = [
 /// usual bound.
 const ROLLOUT: Duration = Duration::from_secs(300);
 
-static INSTALLED: OnceLock<()> = OnceLock::new();
+/// Whether this process installed openflux as the README says and nothing
+/// replaced that installation since (the tests installing it otherwise
+/// clear it).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// The nodes cell, with openflux installed as the README says (once per
 /// test process).
 async fn installed() -> Env {
     let env = support::cell(Cell::Nodes).await;
-    if INSTALLED.get().is_none() {
-        // A cell reused from an earlier run may have an older installation.
-        let _ = env.run_kubectl(
-            &[
-                "delete",
-                "namespace",
-                "openflux-system",
-                "--ignore-not-found",
-                "--wait=true",
-                "--timeout=120s",
-            ],
-            None,
-        );
+    if !INSTALLED.load(Ordering::SeqCst) {
+        // A cell reused from an earlier run may have an older installation,
+        // by kubectl or by Flux.
+        tokio::task::block_in_place(|| flux_install::uninstall(&env));
         // Blocking on purpose: the block builds images and waits for rollouts.
         let out = tokio::task::block_in_place(|| support::nodes::install_as_readme_says(&env));
         println!(
             "README install block:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let _ = INSTALLED.set(());
+        INSTALLED.store(true, Ordering::SeqCst);
     }
     env
 }
@@ -94,7 +94,6 @@ async fn all_available(env: &Env, ns: &str, names: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn flux_runs_as_pods_laid_out_as_flux_install_lays_it_out() {
     let env = support::cell(Cell::Nodes).await;
     all_available(&env, "flux-system", &FLUX_DEPLOYMENTS).await;
@@ -137,7 +136,6 @@ async fn flux_runs_as_pods_laid_out_as_flux_install_lays_it_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn a_custom_source_flows_into_an_unchanged_kustomization_applied_by_flux_pods() {
     let env = installed().await;
     let kind = custom_source_flows(&env, "nodes-flow").await;
@@ -152,7 +150,6 @@ async fn a_custom_source_flows_into_an_unchanged_kustomization_applied_by_flux_p
 /// exports an ExternalArtifact, which the kustomize-controller Pod applies.
 /// Flux goes back to `flux install`'s shape afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn with_source_watcher_the_custom_source_flows_as_an_external_artifact() {
     let env = installed().await;
     tokio::task::block_in_place(|| support::nodes::flux_install("source-watcher"));
@@ -249,7 +246,6 @@ async fn custom_source_flows(env: &Env, prefix: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn the_webhook_answers_through_its_service_cluster_ip() {
     let env = installed().await;
     all_available(&env, "openflux-system", &["openflux"]).await;
@@ -261,17 +257,11 @@ async fn the_webhook_answers_through_its_service_cluster_ip() {
         .spec
         .and_then(|s| s.cluster_ip)
         .expect("a ClusterIP");
-    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), "openflux-system");
-    let ca = secrets
-        .get("openflux-webhook-tls")
-        .await
-        .expect("the webhook's Secret")
-        .data
-        .and_then(|d| d.get("ca.crt").cloned())
-        .expect("ca.crt in openflux-webhook-tls");
+    // The CA the API server trusts for the webhook.
+    let ca = load::webhook_ca(&env);
     let dir = tempfile::tempdir().expect("a temp dir");
     let ca_path = dir.path().join("ca.crt");
-    std::fs::write(&ca_path, &ca.0).expect("writing ca.crt");
+    std::fs::write(&ca_path, &ca).expect("writing ca.crt");
     let review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
@@ -335,7 +325,6 @@ async fn the_webhook_answers_through_its_service_cluster_ip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn openflux_runs_as_non_root_with_a_read_only_root_file_system() {
     let env = installed().await;
     all_available(
@@ -382,7 +371,6 @@ async fn openflux_runs_as_non_root_with_a_read_only_root_file_system() {
 /// admissions failed and how many (docs/reliability.md); the node comes
 /// back at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the nodes cell: run with `make test-nodes` (not yet part of `make test`, see README.md)"]
 async fn when_a_node_is_lost_the_other_replica_answers_admissions() {
     use kube::api::{DynamicObject, PostParams};
     use std::time::Instant;

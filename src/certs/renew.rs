@@ -1,0 +1,277 @@
+//! The elected leader keeps the webhook's certificate Secret: creates it
+//! when it is missing (create only: when two replicas race, the one that
+//! lost reads what won), and renews, rotates and prunes it as
+//! [`rotation::decide`](super::rotation::decide) says, each write
+//! conditional on the version it read. Every replica serves it
+//! ([`secret::serve`](super::secret::serve)).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, PostParams};
+use openflux_api::runtime::{EventRecorder, FluxEvent};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::material::parse_certs;
+use super::rotation::{decide, Step};
+use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
+use super::stored::Content;
+
+/// Longest the leader goes without looking at the Secret.
+const MAX_WAIT: Duration = Duration::from_secs(300);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Why a round of the leader's keeping failed.
+#[derive(Debug, thiserror::Error)]
+enum KeepError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    Cert(#[from] super::material::CertError),
+    #[error("it is not labelled {0}={1}, so it is served as it is and never renewed; delete it to let openflux make its own, or run openflux with --tls-cert-file to mount it")]
+    NotOurs(&'static str, &'static str),
+}
+
+/// Keeps the Secret while this replica leads: `terms` holds the current
+/// term of leadership (cancelled when it ends), `seen` counts changes of the
+/// Secret (from [`serve`]). Runs until `stop` turns true or its sender goes
+/// away.
+pub async fn keep(
+    client: kube::Client,
+    certs: SecretCerts,
+    events: Option<EventRecorder>,
+    mut terms: watch::Receiver<Option<CancellationToken>>,
+    mut seen: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let keeper = Keeper {
+        secrets: Api::namespaced(client.clone(), &certs.namespace),
+        mutating: Api::all(client.clone()),
+        validating: Api::all(client),
+        certs,
+        events,
+    };
+    loop {
+        let term = terms.borrow_and_update().clone();
+        if let Some(term) = term.filter(|t| !t.is_cancelled()) {
+            tokio::select! {
+                () = keeper.lead(&mut seen) => {}
+                () = term.cancelled() => {}
+                _ = stop.changed() => return,
+            }
+            continue;
+        }
+        tokio::select! {
+            changed = terms.changed() => if changed.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+struct Keeper {
+    secrets: Api<Secret>,
+    mutating: Api<MutatingWebhookConfiguration>,
+    validating: Api<ValidatingWebhookConfiguration>,
+    certs: SecretCerts,
+    events: Option<EventRecorder>,
+}
+
+impl Keeper {
+    /// Rounds until the term ends (the caller drops this future).
+    async fn lead(&self, seen: &mut watch::Receiver<u64>) {
+        let mut trusted: Option<(String, i64)> = None;
+        let mut backoff = Duration::from_secs(1);
+        // The last failure published, so a failure that lasts is one Event.
+        let mut reported: Option<String> = None;
+        loop {
+            let wait = match self.round(&mut trusted).await {
+                Ok(until) => {
+                    backoff = Duration::from_secs(1);
+                    reported = None;
+                    let secs = u64::try_from(until.saturating_sub(now())).unwrap_or(0);
+                    Duration::from_secs(secs).min(MAX_WAIT)
+                }
+                Err(error) => {
+                    tracing::warn!(secret = %self.certs.name, %error, retry_in = ?backoff, "cannot keep the webhook certificate Secret");
+                    let message = format!(
+                        "cannot keep the webhook certificate Secret {}/{}: {error}",
+                        self.certs.namespace, self.certs.name
+                    );
+                    if reported.as_ref() != Some(&message) {
+                        publish(
+                            self.events.as_ref(),
+                            &self.certs,
+                            FluxEvent::warning(REASON_FAILED, message.clone()),
+                        )
+                        .await;
+                        reported = Some(message);
+                    }
+                    let wait = backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    wait
+                }
+            };
+            if wait.is_zero() {
+                continue;
+            }
+            seen.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                changed = seen.changed() => if changed.is_err() {
+                    tokio::time::sleep(wait).await;
+                },
+            }
+        }
+    }
+
+    /// One look at the Secret and at most one write. Returns when to look
+    /// again (Unix seconds; now, after a write or a lost race).
+    async fn round(&self, trusted: &mut Option<(String, i64)>) -> Result<i64, KeepError> {
+        let name = &self.certs.name;
+        let current = self.secrets.get_opt(name).await?;
+        if let Some(secret) = &current {
+            let labels = secret.metadata.labels.as_ref();
+            if labels.and_then(|l| l.get(MANAGED_BY.0)).map(String::as_str) != Some(MANAGED_BY.1) {
+                return Err(KeepError::NotOurs(MANAGED_BY.0, MANAGED_BY.1));
+            }
+        }
+        let content = current.as_ref().and_then(|secret| {
+            let data: BTreeMap<String, Vec<u8>> = secret
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect();
+            Content::from_data(&data)
+                .and_then(|c| c.facts(&self.certs.names).map(|f| (c, f)))
+                .map_err(|error| tracing::warn!(secret = %name, %error, "the webhook certificate Secret is unusable; making a new one"))
+                .ok()
+        });
+        let now = now();
+        if let Some((content, facts)) = &content {
+            if !facts.leaf_by_signer {
+                let signer = content.signer().to_string();
+                if trusted.as_ref().is_none_or(|(s, _)| *s != signer) {
+                    *trusted = None;
+                    if self.trusted_everywhere(&signer).await? {
+                        tracing::info!(secret = %name, "the new webhook CA is in every webhook configuration");
+                        *trusted = Some((signer, now));
+                    }
+                }
+            }
+        }
+        let timing = &self.certs.timing;
+        let step = decide(
+            content.as_ref().map(|(_, f)| f),
+            now,
+            timing,
+            trusted.as_ref().map(|(_, since)| *since),
+        );
+        if let Step::Keep { until } = step {
+            return Ok(until);
+        }
+        let next = match &content {
+            Some((content, _)) => content.apply(step, now, timing, &self.certs.names)?,
+            None => Content::create(timing, &self.certs.names)?,
+        };
+        let data = next
+            .to_data()
+            .into_iter()
+            .map(|(k, v)| (k, ByteString(v)))
+            .collect();
+        let written = match current {
+            None => {
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(self.certs.namespace.clone()),
+                        labels: Some(BTreeMap::from([(
+                            MANAGED_BY.0.to_string(),
+                            MANAGED_BY.1.to_string(),
+                        )])),
+                        ..Default::default()
+                    },
+                    type_: Some("kubernetes.io/tls".into()),
+                    data: Some(data),
+                    ..Default::default()
+                };
+                self.secrets.create(&PostParams::default(), &secret).await
+            }
+            Some(mut secret) => {
+                // Conditional on the resourceVersion read above.
+                secret.data = Some(data);
+                self.secrets
+                    .replace(name, &PostParams::default(), &secret)
+                    .await
+            }
+        };
+        match written {
+            Ok(_) => {
+                tracing::info!(secret = %name, ?step, "wrote the webhook certificate Secret");
+                let message = match step {
+                    Step::Create => "made a CA and a serving certificate",
+                    Step::NewAuthority => "added a new CA to the trusted bundle; it signs once every webhook configuration trusts it",
+                    Step::Issue => "issued a serving certificate",
+                    Step::Prune => "removed expired CAs from the trusted bundle",
+                    Step::Keep { .. } => "",
+                };
+                publish(
+                    self.events.as_ref(),
+                    &self.certs,
+                    FluxEvent::normal(REASON_WRITTEN, message),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(secret = %name, ?step, "another replica wrote the webhook certificate Secret first; reading it");
+            }
+            Err(error) => return Err(error.into()),
+        }
+        Ok(now)
+    }
+
+    /// Whether every entry of every webhook configuration (mutating and
+    /// validating, of each name) trusts `signer`. A configuration that does
+    /// not exist has nobody to protect.
+    async fn trusted_everywhere(&self, signer: &str) -> Result<bool, KeepError> {
+        let Some(signer) = parse_certs(signer.as_bytes())?.into_iter().next() else {
+            return Ok(false);
+        };
+        let trusts = |bundles: Vec<Option<&[u8]>>| {
+            bundles.into_iter().all(|bundle| {
+                parse_certs(bundle.unwrap_or_default())
+                    .unwrap_or_default()
+                    .contains(&signer)
+            })
+        };
+        for name in &self.certs.configurations {
+            if let Some(config) = self.mutating.get_opt(name).await? {
+                let bundles = config.webhooks.iter().flatten();
+                if !trusts(
+                    bundles
+                        .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()))
+                        .collect(),
+                ) {
+                    return Ok(false);
+                }
+            }
+            if let Some(config) = self.validating.get_opt(name).await? {
+                let bundles = config.webhooks.iter().flatten();
+                if !trusts(
+                    bundles
+                        .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()))
+                        .collect(),
+                ) {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+}

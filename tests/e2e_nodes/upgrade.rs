@@ -1,0 +1,329 @@
+//! openflux upgraded in place: the previous release
+//! (`OPENFLUX_PREVIOUS_RELEASE`, e2e/versions.env) installed from its own
+//! manifests as its README said, consumers of custom sources live on it,
+//! then this build's manifests and image applied over it while admissions
+//! keep coming. Counted from the client side: no failed admission, no
+//! consumer left on a missing export, Artifacts and exports unchanged.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use openflux_testkit as support;
+use serde_json::{json, Value};
+use support::{field, Cell, Env};
+
+use super::load::Admissions;
+use super::{all_available, ROLLOUT};
+
+const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
+const ARTIFACT: &str = "openflux.dev/v1alpha1";
+const GROUP: &str = "upgrade.producer.example";
+const CONSUMERS: usize = 3;
+
+fn kubectl(env: &Env, args: &[&str]) {
+    let out = env.run_kubectl(args, None);
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A kustomization in `dir` installing `manifests` with openflux's image
+/// `image` (by digest), as the README's overlay does.
+fn overlay(dir: &std::path::Path, manifests: &std::path::Path, image: &str) {
+    let (name, digest) = image.split_once('@').expect("an image by digest");
+    std::fs::create_dir_all(dir).expect("an overlay dir");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [{}]\nimages:\n  - {{name: openflux, newName: {name}, digest: {digest}}}\n",
+            manifests.display()
+        ),
+    )
+    .expect("writing the overlay");
+}
+
+fn configmap(name: &str, value: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  value: {value:?}\n"
+    )
+}
+
+/// The stored reference of Kustomization `name`, and the export it names'
+/// `status.artifact` (None when that export does not exist).
+async fn consumer_and_export(env: &Env, ns: &str, name: &str) -> (Value, Option<Value>) {
+    let ks = env
+        .find(KUSTOMIZE, "Kustomization", ns, name)
+        .await
+        .expect("a consumer");
+    let reference = field(&ks, "/spec/sourceRef")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let kind = reference["kind"].as_str().unwrap_or_default().to_string();
+    let api_version = reference["apiVersion"]
+        .as_str()
+        .unwrap_or("source.toolkit.fluxcd.io/v1")
+        .to_string();
+    let export_name = reference["name"].as_str().unwrap_or_default().to_string();
+    let export = env.find(&api_version, &kind, ns, &export_name).await;
+    let artifact = export.and_then(|e| field(&e, "/status/artifact").cloned());
+    (reference, artifact)
+}
+
+/// What a consumer deploys: the reference, the export's artifact without
+/// its timestamp, the Artifact's spec.
+async fn snapshot(env: &Env, ns: &str) -> BTreeMap<String, (Value, Value, Value)> {
+    let mut seen = BTreeMap::new();
+    for i in 0..CONSUMERS {
+        let (reference, artifact) = consumer_and_export(env, ns, &format!("k{i}")).await;
+        let mut artifact = artifact.unwrap_or(Value::Null);
+        if let Some(a) = artifact.as_object_mut() {
+            a.remove("lastUpdateTime");
+        }
+        let spec = env
+            .find(ARTIFACT, "Artifact", ns, &format!("s{i}"))
+            .await
+            .and_then(|a| field(&a, "/spec").cloned())
+            .unwrap_or(Value::Null);
+        seen.insert(format!("k{i}"), (reference, artifact, spec));
+    }
+    seen
+}
+
+async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    support::wait_for(
+        &format!("ConfigMap {name} = {value:?}"),
+        ROLLOUT,
+        || async {
+            let cm = cms.get_opt(name).await.ok().flatten()?;
+            (cm.data.unwrap_or_default().get("value").map(String::as_str) == Some(value))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_export() {
+    let env = support::cell(Cell::Nodes).await;
+    super::INSTALLED.store(false, Ordering::SeqCst);
+    tokio::task::block_in_place(|| super::flux_install::uninstall(&env));
+    let current = tokio::task::block_in_place(|| support::release::current_image(&env));
+    let previous = tokio::task::block_in_place(|| support::release::previous(&env));
+    println!(
+        "previous release {} ({}), current build {current}",
+        previous.commit, previous.image
+    );
+
+    // The previous release, as its README said: a serving certificate made
+    // by `openflux certs` in a Secret, then the manifests with its image.
+    let work = tempfile::tempdir().expect("a temp dir");
+    kubectl(
+        &env,
+        &[
+            "apply",
+            "-f",
+            &previous
+                .tree
+                .join("manifests/namespace.yaml")
+                .display()
+                .to_string(),
+        ],
+    );
+    let tls = work.path().join("webhook-tls");
+    let certs = std::process::Command::new(&previous.binary)
+        .args(["certs", "--out-dir"])
+        .arg(&tls)
+        .args(["--dns-name", "openflux-webhook.openflux-system.svc"])
+        .output()
+        .expect("running the previous release's openflux certs");
+    assert!(
+        certs.status.success(),
+        "openflux certs: {}",
+        String::from_utf8_lossy(&certs.stderr)
+    );
+    let file = |name: &str| format!("--from-file={}", tls.join(name).display());
+    kubectl(
+        &env,
+        &[
+            "-n",
+            "openflux-system",
+            "create",
+            "secret",
+            "generic",
+            "openflux-webhook-tls",
+            &file("ca.crt"),
+            &file("tls.crt"),
+            &file("tls.key"),
+        ],
+    );
+    let old_overlay = work.path().join("previous");
+    overlay(
+        &old_overlay,
+        &previous.tree.join("manifests"),
+        &previous.image,
+    );
+    kubectl(&env, &["apply", "-k", &old_overlay.display().to_string()]);
+    all_available(&env, "openflux-system", &["openflux"]).await;
+
+    // Live consumers of a producer's own kind.
+    support::install_test_source_crd(&env, GROUP).await;
+    support::wait_established(&env, &[&format!("testsources.{GROUP}")]).await;
+    let ns = env.namespace("nodes-upgrade").await;
+    let n = ns.name().to_string();
+    let source_api = format!("{GROUP}/v1");
+    for i in 0..CONSUMERS {
+        let spec = support::openflux::publish(
+            env.fixtures(),
+            &n,
+            &format!("s{i}"),
+            "1",
+            &[("app.yaml", &configmap(&format!("cm-{i}"), "before"))],
+        );
+        let source = env
+            .apply(&json!({
+                "apiVersion": source_api, "kind": "TestSource",
+                "metadata": {"name": format!("s{i}"), "namespace": n},
+                "spec": {"anything": "goes"}
+            }))
+            .await
+            .expect("a custom source");
+        env.apply(&json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": format!("s{i}"), "namespace": n, "ownerReferences": [{
+                "apiVersion": source_api, "kind": "TestSource", "name": format!("s{i}"),
+                "uid": source.uid().expect("a uid"), "controller": true
+            }]},
+            "spec": spec,
+        }))
+        .await
+        .expect("the custom source's Artifact");
+        env.apply(&json!({
+            "apiVersion": KUSTOMIZE, "kind": "Kustomization",
+            "metadata": {"name": format!("k{i}"), "namespace": n},
+            "spec": {"interval": "10m", "path": "./", "prune": true, "targetNamespace": n,
+                     "sourceRef": {"apiVersion": source_api, "kind": "TestSource", "name": format!("s{i}")}}
+        }))
+        .await
+        .expect("a consumer (through the previous release's webhook)");
+    }
+    for i in 0..CONSUMERS {
+        configmap_holds(&env, &n, &format!("cm-{i}"), "before").await;
+    }
+    let before = snapshot(&env, &n).await;
+    for (consumer, (reference, artifact, _)) in &before {
+        assert!(
+            !artifact.is_null(),
+            "{consumer} names {reference}, which has no artifact before the upgrade"
+        );
+    }
+
+    // The upgrade: this build's manifests and image over the previous ones,
+    // under admissions naming the custom source.
+    let reference = json!({"apiVersion": source_api, "kind": "TestSource", "name": "s0"});
+    let admissions = Admissions::naming(&env, &n, reference, 2, Duration::from_millis(100)).await;
+    support::wait_for(
+        "admissions answered before the upgrade",
+        ROLLOUT,
+        || async { (admissions.answered() >= 10).then_some(()) },
+    )
+    .await;
+    let new_overlay = work.path().join("current");
+    overlay(
+        &new_overlay,
+        &support::workspace_root()
+            .canonicalize()
+            .expect("the repository")
+            .join("manifests"),
+        &current,
+    );
+    let started = Instant::now();
+    kubectl(&env, &["apply", "-k", &new_overlay.display().to_string()]);
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "openflux-system");
+    support::wait_for("openflux rolled to this build", ROLLOUT, || async {
+        let d = deployments.get("openflux").await.ok()?;
+        let status = d.status.as_ref()?;
+        let image = d
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .containers
+            .first()?
+            .image
+            .clone()?;
+        (image == current
+            && status.observed_generation == d.metadata.generation
+            && status.updated_replicas == status.replicas
+            && status.ready_replicas == status.replicas
+            && status.replicas == d.spec.as_ref()?.replicas)
+            .then_some(())
+    })
+    .await;
+    super::faults::settled(&env).await;
+    let upgraded_in = started.elapsed();
+    let tally = admissions.stop().await;
+
+    let after = snapshot(&env, &n).await;
+    println!(
+        "upgrade {} -> this build in {upgraded_in:?}: admissions {} answered, {} failed",
+        &previous.commit[..12],
+        tally.answered,
+        tally.failures.len()
+    );
+    assert!(
+        tally.failures.is_empty(),
+        "{} of {} admissions failed during the upgrade: {:?}",
+        tally.failures.len(),
+        tally.answered + tally.failures.len(),
+        tally.first_failures()
+    );
+    for (consumer, (reference, artifact, spec)) in &after {
+        let (_, old_artifact, old_spec) = &before[consumer];
+        assert!(
+            !artifact.is_null(),
+            "after the upgrade {consumer} names {reference}, which does not exist or has no artifact"
+        );
+        assert_eq!(
+            artifact, old_artifact,
+            "the artifact {consumer} deploys changed in the upgrade"
+        );
+        assert_eq!(
+            spec, old_spec,
+            "the Artifact of {consumer} changed in the upgrade"
+        );
+    }
+
+    // This build's controllers carry on: a new revision reaches its consumer.
+    let spec = support::openflux::publish(
+        env.fixtures(),
+        &n,
+        "s0",
+        "2",
+        &[("app.yaml", &configmap("cm-0", "after"))],
+    );
+    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
+        .await
+        .expect("the Artifact API");
+    artifacts
+        .patch(
+            "s0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await
+        .expect("a new revision of s0");
+    configmap_holds(&env, &n, "cm-0", "after").await;
+    ns.delete().await;
+}
