@@ -148,7 +148,11 @@ mod tests {
         let runtime = openflux::runtime::CONTROLLERS_STOP_GRACE
             + openflux_api::runtime::leader::RELEASE_TIMEOUT
             + openflux::runtime::SERVER_STOP_GRACE;
-        let shutdown = runtime.max(openflux::webhook::server::SHUTDOWN_GRACE);
+        // The webhook drains, then lets requests in flight finish, beside
+        // the controllers' stop.
+        let webhook =
+            openflux::webhook::server::SHUTDOWN_DRAIN + openflux::webhook::server::SHUTDOWN_GRACE;
+        let shutdown = runtime.max(webhook);
         assert!(
             shutdown < std::time::Duration::from_secs(10),
             "{shutdown:?}"

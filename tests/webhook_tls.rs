@@ -287,6 +287,118 @@ async fn serves_tls_and_rotates_certificates_without_dropping_connections() {
         .unwrap();
 }
 
+/// At shutdown a kept-alive connection is not closed under its client's
+/// next request (an API server whose endpoints lag still sends one): for
+/// [`SHUTDOWN_DRAIN`] every request, on kept and on new connections, is
+/// answered with `Connection: close`, and serve() returns after.
+#[tokio::test]
+async fn shutdown_answers_kept_connections_and_asks_them_to_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Authority::generate(DEFAULT_CA_VALIDITY).unwrap();
+    publish(dir.path(), &ca, &issue(&ca), 1);
+    let args = WebhookArgs {
+        webhook_addr: "127.0.0.1:0".parse().unwrap(),
+        tls_cert_file: Some(dir.path().join("tls.crt")),
+        tls_key_file: Some(dir.path().join("tls.key")),
+        tls_ca_file: None,
+        webhook_dns_names: vec![],
+        webhook_ips: vec![],
+        webhook_configuration: vec![],
+        webhook_cert_secret: None,
+        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
+        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
+        webhook_cert_renew_fraction: 0.67,
+        no_cross_namespace_refs: false,
+        tls_reload_interval_seconds: 1,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = WebhookMetrics::register(&mut registry);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(webhook::serve_on(
+        listener,
+        args,
+        None,
+        index(),
+        metrics,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let http1 = client_config(&ca, &[&rustls::version::TLS13], &[b"http/1.1"]);
+    let open = |config: Arc<rustls::ClientConfig>| async move {
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(connect(addr, config).await))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        (sender, conn)
+    };
+    let (mut kept, kept_conn) = open(http1.clone()).await;
+    let first = kept.send_request(post()).await.unwrap();
+    assert!(first.headers().get("connection").is_none());
+    assert_rewritten(&answer(first).await);
+
+    let stopped_at = Instant::now();
+    stop.send(()).unwrap();
+    // Shutdown has begun once a new connection is told to close.
+    loop {
+        assert!(
+            stopped_at.elapsed() < openflux::webhook::server::SHUTDOWN_DRAIN,
+            "no connection was answered with Connection: close after shutdown began"
+        );
+        let Ok(Ok(tcp)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        else {
+            panic!("the webhook stopped accepting at once instead of draining");
+        };
+        drop(tcp);
+        let (mut fresh, _) = open(http1.clone()).await;
+        let response = fresh.send_request(post()).await.unwrap();
+        let closing = response
+            .headers()
+            .get("connection")
+            .is_some_and(|v| v == "close");
+        assert_rewritten(&answer(response).await);
+        if closing {
+            break;
+        }
+    }
+    // The connection kept from before is answered too, and told to close.
+    kept.ready()
+        .await
+        .expect("the kept connection is still open");
+    let response = kept
+        .send_request(post())
+        .await
+        .expect("an answer on the kept connection");
+    assert_eq!(
+        response
+            .headers()
+            .get("connection")
+            .map(|v| v.to_str().unwrap()),
+        Some("close")
+    );
+    assert_rewritten(&answer(response).await);
+    tokio::time::timeout(Duration::from_secs(5), kept_conn)
+        .await
+        .expect("the kept connection closes after its last answer")
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(
+        openflux::webhook::server::SHUTDOWN_DRAIN + openflux::webhook::server::SHUTDOWN_GRACE,
+        server,
+    )
+    .await
+    .expect("serve() returns after the drain")
+    .unwrap()
+    .unwrap();
+}
+
 #[tokio::test]
 async fn in_memory_certificate_is_made_for_the_given_names() {
     let args = WebhookArgs {

@@ -55,6 +55,13 @@ pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Time requests in flight get to finish at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// After the shutdown signal, how long the webhook keeps accepting and
+/// answering, each answer asking its client to close the connection
+/// (`Connection: close`), before it closes the connections left idle. An
+/// API server whose endpoints have not caught up yet still sends here;
+/// closing an idle kept-alive connection at once races its next request,
+/// which then fails as a broken pipe instead of being answered.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(3);
 
 /// What the webhook decides from, kept up to date by openflux's watches:
 /// the owner index, the export targets and the SourcePolicies with the
@@ -277,9 +284,10 @@ async fn handle(
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes; then
-/// stops accepting, lets open connections finish the requests in flight (up
-/// to [`SHUTDOWN_GRACE`]; connections still in their TLS handshake or idle
-/// are closed at once) and returns.
+/// drains for [`SHUTDOWN_DRAIN`] (still accepting and answering, each
+/// answer with `Connection: close`), stops accepting, lets open connections
+/// finish the requests in flight (up to [`SHUTDOWN_GRACE`]; connections
+/// still in their TLS handshake or idle are closed then) and returns.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -291,10 +299,21 @@ pub async fn serve_tls(
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let logs = LogBudget::default();
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        draining.clone(),
+        close_when_draining,
+    ));
+    let mut drain_until: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            () = &mut shutdown => break,
+            () = &mut shutdown, if drain_until.is_none() => {
+                draining.store(true, std::sync::atomic::Ordering::SeqCst);
+                drain_until = Some(tokio::time::Instant::now() + SHUTDOWN_DRAIN);
+            }
+            () = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)),
+                if drain_until.is_some() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             (slot, accepted) = accept(&listener, &slots) => match accepted {
                 Ok((tcp, peer)) => {
@@ -331,6 +350,26 @@ pub async fn serve_tls(
         );
         connections.shutdown().await;
     }
+}
+
+/// While draining, every answer asks its HTTP/1.1 client to close the
+/// connection after reading it, so no client reuses a connection this
+/// webhook is about to close. (HTTP/2 clients are told by the GOAWAY of
+/// the graceful shutdown, which they retry on.)
+async fn close_when_draining(
+    State(draining): State<Arc<std::sync::atomic::AtomicBool>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let http1 = request.version() <= axum::http::Version::HTTP_11;
+    let mut response = next.run(request).await;
+    if http1 && draining.load(std::sync::atomic::Ordering::SeqCst) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Accepts a connection once there is room for one more.
