@@ -36,11 +36,29 @@ fn kubectl(env: &Env, args: &[&str]) {
     );
 }
 
+/// `to` relative to the directory `from` (kustomize takes no absolute
+/// resource paths).
+fn relative(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = std::path::PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    path
+}
+
 /// A kustomization in `dir` installing `manifests` with openflux's image
 /// `image` (by digest), as the README's overlay does.
 fn overlay(dir: &std::path::Path, manifests: &std::path::Path, image: &str) {
     let (name, digest) = image.split_once('@').expect("an image by digest");
     std::fs::create_dir_all(dir).expect("an overlay dir");
+    let dir = dir.canonicalize().expect("the overlay dir");
+    let manifests = relative(&dir, &manifests.canonicalize().expect("the manifests dir"));
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
