@@ -90,6 +90,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::large", Layer::Shell),
     ("webhook::metrics", Layer::Shell),
     ("webhook::server", Layer::Shell),
+    ("webhook::drain", Layer::Shell),
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("runtime::watch", Layer::Shell),

@@ -15,6 +15,7 @@
 pub mod answer;
 pub mod cabundle;
 pub mod decision;
+pub mod drain;
 pub mod large;
 pub mod limits;
 pub mod metrics;

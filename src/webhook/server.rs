@@ -55,13 +55,7 @@ pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Time requests in flight get to finish at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-/// After the shutdown signal, how long the webhook keeps accepting and
-/// answering, each answer asking its client to close the connection
-/// (`Connection: close`), before it closes the connections left idle. An
-/// API server whose endpoints have not caught up yet still sends here;
-/// closing an idle kept-alive connection at once races its next request,
-/// which then fails as a broken pipe instead of being answered.
-pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(3);
+pub use super::drain::SHUTDOWN_DRAIN;
 
 /// What the webhook decides from, kept up to date by openflux's watches:
 /// the owner index, the export targets and the SourcePolicies with the
@@ -283,11 +277,9 @@ async fn handle(
     Ok(answering(parsed, view, &state.options))
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown` completes; then
-/// drains for [`SHUTDOWN_DRAIN`] (still accepting and answering, each
-/// answer with `Connection: close`), stops accepting, lets open connections
-/// finish the requests in flight (up to [`SHUTDOWN_GRACE`]; connections
-/// still in their TLS handshake or idle are closed then) and returns.
+/// Serves `app` over TLS on `listener` until `shutdown` completes; drains
+/// for [`SHUTDOWN_DRAIN`], stops accepting, gives requests in flight up to
+/// [`SHUTDOWN_GRACE`] (idle or handshaking connections close) and returns.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -302,7 +294,7 @@ pub async fn serve_tls(
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let app = app.layer(axum::middleware::from_fn_with_state(
         draining.clone(),
-        close_when_draining,
+        super::drain::close_when_draining,
     ));
     let mut drain_until: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
@@ -315,7 +307,7 @@ pub async fn serve_tls(
             () = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)),
                 if drain_until.is_some() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            (slot, accepted) = accept(&listener, &slots) => match accepted {
+            (slot, accepted) = super::drain::accept(&listener, &slots) => match accepted {
                 Ok((tcp, peer)) => {
                     let span = tracing::debug_span!("connection", %peer);
                     let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone());
@@ -350,38 +342,6 @@ pub async fn serve_tls(
         );
         connections.shutdown().await;
     }
-}
-
-/// While draining, every answer asks its HTTP/1.1 client to close the
-/// connection after reading it, so no client reuses a connection this
-/// webhook is about to close. (HTTP/2 clients are told by the GOAWAY of
-/// the graceful shutdown, which they retry on.)
-async fn close_when_draining(
-    State(draining): State<Arc<std::sync::atomic::AtomicBool>>,
-    request: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let http1 = request.version() <= axum::http::Version::HTTP_11;
-    let mut response = next.run(request).await;
-    if http1 && draining.load(std::sync::atomic::Ordering::SeqCst) {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
-    response
-}
-
-/// Accepts a connection once there is room for one more.
-async fn accept(
-    listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> (
-    Option<tokio::sync::OwnedSemaphorePermit>,
-    std::io::Result<(TcpStream, SocketAddr)>,
-) {
-    let slot = slots.clone().acquire_owned().await.ok();
-    (slot, listener.accept().await)
 }
 
 async fn connection(
