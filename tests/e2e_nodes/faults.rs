@@ -14,11 +14,11 @@ use openflux_testkit as support;
 use serde_json::json;
 use support::Env;
 
+use super::failover;
 use super::load::{self, Admissions};
 use super::{all_available, installed, ROLLOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
-const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 const SYSTEM: &str = "openflux-system";
 const OPENFLUX_PODS: &str = "app.kubernetes.io/name=openflux";
 /// Artifacts the updates go round.
@@ -105,36 +105,6 @@ pub(crate) async fn settled(env: &Env) {
     .await;
 }
 
-/// Each exported Artifact's name and the revision its export carries
-/// (an ExternalArtifact or a shadow OCIRepository, as Flux's flags say).
-async fn exported(env: &Env, ns: &str) -> BTreeMap<String, String> {
-    let mut seen = BTreeMap::new();
-    for kind in ["ExternalArtifact", "OCIRepository"] {
-        let Ok((api, _)) = support::dynamic_api(&env.client, SOURCE, kind, Some(ns)).await else {
-            continue;
-        };
-        let Ok(list) = api.list(&ListParams::default()).await else {
-            continue;
-        };
-        seen.extend(list.items.iter().filter_map(|export| {
-            let name = export
-                .metadata
-                .name
-                .as_deref()?
-                .strip_suffix(".artifact.openflux.dev")?
-                .to_string();
-            let artifact = export.data.pointer("/status/artifact")?;
-            let revision = artifact
-                .pointer("/metadata/org.opencontainers.image.revision")
-                .or_else(|| artifact.get("revision"))?
-                .as_str()?
-                .to_string();
-            Some((name, revision))
-        }));
-    }
-    seen
-}
-
 /// Waits until every Artifact's last revision in `last` is exported; how
 /// long that took.
 async fn all_exported(env: &Env, ns: &str, last: &BTreeMap<String, String>) -> Duration {
@@ -143,7 +113,8 @@ async fn all_exported(env: &Env, ns: &str, last: &BTreeMap<String, String>) -> D
         "every Artifact's last revision to be exported",
         ROLLOUT,
         || async {
-            let seen = exported(env, ns).await;
+            let apis = failover::export_apis(env, ns).await;
+            let seen = failover::exported(&apis).await.ok()?;
             last.iter()
                 .all(|(name, revision)| seen.get(name) == Some(revision))
                 .then_some(())

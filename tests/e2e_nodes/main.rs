@@ -12,6 +12,9 @@
 //! cannot start. Faults at the level of Pods are in `faults.rs`, the load
 //! that counts them from the client side in `load.rs`.
 
+// Reading exports as the failover scenario does.
+#[path = "../chaos/failover.rs"]
+mod failover;
 mod faults;
 mod flux_install;
 mod helm;
