@@ -211,6 +211,50 @@ mod tests {
         assert_eq!(volume, openflux::certs::DEFAULT_SECRET);
     }
 
+    /// The Service sends /mutate to every openflux Pod by port number, and
+    /// /validate only to Pods that declare the named container port the
+    /// `validate` port targets: this Deployment's and every shard's, which
+    /// publish the validating configuration for that Service and port.
+    #[test]
+    fn the_shipped_service_sends_validating_calls_only_to_pods_that_serve_them() {
+        let read = |path: &str| -> serde_json::Value {
+            let path = format!("{}/{path}", env!("CARGO_MANIFEST_DIR"));
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        };
+        let service = read("manifests/service.yaml");
+        let ports = service["spec"]["ports"].as_array().unwrap();
+        let port = |name: &str| ports.iter().find(|p| p["name"] == name).unwrap().clone();
+        for path in [
+            "manifests/deployment.yaml",
+            "manifests/components/sharding/shard/deployment.yaml",
+        ] {
+            let deployment = read(path);
+            let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+            let args = serde_json::from_value(container["args"].clone()).unwrap();
+            let webhook = webhook_args(args);
+            assert_eq!(
+                webhook.validating_webhook_service.as_deref(),
+                service["metadata"]["name"].as_str(),
+                "{path}"
+            );
+            assert_eq!(webhook.webhook_configuration, vec!["openflux"], "{path}");
+            let validate = port(&webhook.validating_webhook_port);
+            let target = validate["targetPort"].as_str().expect("a port name");
+            let declared = container["ports"].as_array().unwrap();
+            let served = declared.iter().find(|p| p["name"] == target).unwrap();
+            assert_eq!(
+                served["containerPort"].as_u64(),
+                Some(u64::from(webhook.webhook_addr.port())),
+                "{path}"
+            );
+            assert_eq!(
+                port("https")["targetPort"].as_u64(),
+                Some(u64::from(webhook.webhook_addr.port())),
+                "{path}: /mutate by number, for Pods of every release"
+            );
+        }
+    }
+
     #[test]
     fn the_shipped_deployment_parses_with_flux_conventions() {
         let args = deployment_args();

@@ -46,6 +46,8 @@ async fn start() -> Server {
         webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
         webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
         webhook_cert_renew_fraction: 0.67,
+        validating_webhook_service: None,
+        validating_webhook_port: "validate".into(),
         no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 5,
     };

@@ -183,6 +183,8 @@ async fn serves_tls_and_rotates_certificates_without_dropping_connections() {
         webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
         webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
         webhook_cert_renew_fraction: 0.67,
+        validating_webhook_service: None,
+        validating_webhook_port: "validate".into(),
         no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 1,
     };
@@ -308,6 +310,8 @@ async fn shutdown_answers_kept_connections_and_asks_them_to_close() {
         webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
         webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
         webhook_cert_renew_fraction: 0.67,
+        validating_webhook_service: None,
+        validating_webhook_port: "validate".into(),
         no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 1,
     };
@@ -413,6 +417,8 @@ async fn in_memory_certificate_is_made_for_the_given_names() {
         webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
         webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
         webhook_cert_renew_fraction: 0.67,
+        validating_webhook_service: None,
+        validating_webhook_port: "validate".into(),
         no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 5,
     };

@@ -383,7 +383,7 @@ mod tests {
     fn shipped_validating_configurations_follow_the_table() {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         for file in [
-            "webhook-config/validating-webhook.yaml",
+            "src/webhook/validate/configuration.yaml",
             "webhook-config/local/validating-webhook.yaml",
         ] {
             let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));

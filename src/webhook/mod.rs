@@ -14,11 +14,13 @@
 
 pub mod answer;
 pub mod cabundle;
+pub mod configuration;
 pub mod decision;
 pub mod drain;
 pub mod large;
 pub mod limits;
 pub mod metrics;
+pub mod publish;
 pub mod review;
 pub mod rewrite;
 pub mod server;
@@ -91,6 +93,17 @@ pub struct WebhookArgs {
     /// (repeatable).
     #[arg(long, value_name = "NAME")]
     pub webhook_configuration: Vec<String>,
+    /// Service (in openflux's namespace) through which the API server calls
+    /// `/validate`: openflux then creates and keeps the
+    /// ValidatingWebhookConfiguration named by the first
+    /// --webhook-configuration, once a ready endpoint of the Service's port
+    /// --validating-webhook-port serves it.
+    #[arg(long, value_name = "NAME")]
+    pub validating_webhook_service: Option<String>,
+    /// Name of that Service's port whose target only Pods that serve
+    /// `/validate` declare.
+    #[arg(long, value_name = "NAME", default_value = "validate")]
+    pub validating_webhook_port: String,
     /// Deny references to sources in another namespace, like Flux's flag.
     #[arg(long)]
     pub no_cross_namespace_refs: bool,
@@ -228,6 +241,17 @@ pub async fn serve_on(
             }
         }
     }
+    if let Some(service) = &args.validating_webhook_service {
+        let (cluster, publication) = publication(&args, service, cluster.as_ref())?;
+        tasks.spawn(publish::keep(
+            cluster.client.clone(),
+            publication,
+            cluster.events.clone(),
+            ca_bundle.clone(),
+            cluster.leading.clone(),
+            stop_rx.clone(),
+        ));
+    }
     if let Some(cluster) = &cluster {
         tasks.spawn(crate::policy::watch::run(
             cluster.client.clone(),
@@ -246,6 +270,28 @@ pub async fn serve_on(
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// What `--validating-webhook-service` asks to publish, or why it cannot.
+fn publication<'a>(
+    args: &WebhookArgs,
+    service: &str,
+    cluster: Option<&'a InCluster>,
+) -> anyhow::Result<(&'a InCluster, publish::Publication)> {
+    let cluster = cluster.context("--validating-webhook-service needs a Kubernetes client")?;
+    let namespace = cluster.namespace.clone().context(
+        "--validating-webhook-service needs openflux's namespace: pass --namespace or set RUNTIME_NAMESPACE",
+    )?;
+    let configuration = args.webhook_configuration.first().context(
+        "--validating-webhook-service needs --webhook-configuration to name the configuration it publishes",
+    )?;
+    let publication = publish::Publication {
+        configuration: configuration.clone(),
+        namespace,
+        service: service.to_string(),
+        port_name: args.validating_webhook_port.clone(),
+    };
+    Ok((cluster, publication))
 }
 
 type Served = (Arc<certs::SwappableCert>, watch::Receiver<Vec<u8>>);
