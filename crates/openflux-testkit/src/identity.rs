@@ -50,6 +50,27 @@ pub fn openflux_kubeconfig(env: &Env) -> Option<PathBuf> {
         .or_else(|| env.kubeconfig.clone())
 }
 
+/// A client with exactly the credentials openflux runs with on the local
+/// control plane (its client certificate, [`openflux_kubeconfig`]), so the
+/// API server authenticates it as [`OPENFLUX_USER`]: RBAC and the admission
+/// policies judge it as they judge openflux. Panics where the control plane
+/// gives openflux no identity of its own (a cluster of `KUBECONFIG`): a
+/// test of openflux's rights cannot run there.
+pub async fn openflux_client(env: &Env) -> kube::Client {
+    let path = env
+        .vars
+        .get("OPENFLUX_E2E_OPENFLUX_KUBECONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .expect("this control plane gives openflux no identity of its own (`e2e/cluster env` printed no OPENFLUX_E2E_OPENFLUX_KUBECONFIG)");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("the kubeconfig {}: {e}", path.display()));
+    kube::Client::try_from(config).expect("a client as openflux")
+}
+
 /// The shipped Roles of openflux's own namespace (the leader election
 /// Lease) and their bindings, placed in `ns`, where a test runs openflux
 /// (`--namespace=<ns>`). Removed with the namespace.

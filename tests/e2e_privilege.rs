@@ -1,0 +1,503 @@
+//! End to end: what openflux's own identity may write, on the local control
+//! plane, where openflux runs under a client certificate of its own
+//! (`system:serviceaccount:openflux-system:openflux`) bound by exactly the
+//! shipped `manifests/rbac.yaml`. These tests use those very credentials
+//! (the test kit's `identity::openflux_client`), so what they show is what
+//! a stolen openflux token could do.
+//!
+//! RBAC lets openflux patch every consumer and write every Artifact,
+//! ExternalArtifact and OCIRepository; the shipped policies
+//! (`webhook-config/openflux-policy.yaml`, `secret-policy.yaml`) narrow it:
+//! on a consumer only the source reference, pointed at an export, and
+//! openflux's annotations; only the Artifacts and exports labelled as
+//! openflux's; no Secret but its certificates. The rewrites openflux does
+//! make pass under the same policies: every other e2e suite runs openflux
+//! with these credentials.
+
+use openflux_testkit as support;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::Api;
+use serde_json::{json, Value};
+use support::identity::openflux_client;
+use support::{cluster, wait_for, Env, TIMEOUT};
+
+/// The policies under test, applied by each test as shipped (a control
+/// plane started before they existed gets them too).
+const POLICIES: &str = include_str!("../webhook-config/openflux-policy.yaml");
+const SECRET_POLICY: &str = include_str!("../webhook-config/secret-policy.yaml");
+
+const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// One consumer kind: an object of it with a stock reference, the field
+/// openflux rewrites, a change of another spec field, and a re-pointed
+/// reference (to an export) as openflux would write it.
+struct Case {
+    kind: &'static str,
+    api_version: &'static str,
+    object: fn(&str, &str) -> Value,
+    field: &'static str,
+    other_spec: Value,
+    /// A merge patch re-pointing the reference at the export `name`.
+    repoint: fn(&str) -> Value,
+    /// A merge patch pointing the reference at a stock source that is not
+    /// an export.
+    elsewhere: Value,
+    /// JSON pointer of the reference after the re-point (to check it).
+    pointer: &'static str,
+    /// The name of an export the consumer may be re-pointed at, from a
+    /// prefix.
+    export: fn(&str) -> String,
+}
+
+/// An export's name as openflux gives it: `<name>.<kind>.<group>`.
+fn dotted_export(prefix: &str) -> String {
+    format!("{prefix}-web.httpsource.sources.openflux.dev")
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            kind: "Kustomization",
+            api_version: "kustomize.toolkit.fluxcd.io/v1",
+            object: |ns, name| {
+                json!({"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"interval": "17m", "prune": true, "suspend": true, "path": "./apps",
+                                "sourceRef": {"kind": "GitRepository", "name": "repo"}}})
+            },
+            field: "spec.sourceRef",
+            other_spec: json!({"spec": {"path": "./elsewhere"}}),
+            repoint: |to| json!({"spec": {"sourceRef": {"kind": "ExternalArtifact", "name": to}}}),
+            elsewhere: json!({"spec": {"sourceRef": {"kind": "GitRepository", "name": "flux-system", "namespace": "flux-system"}}}),
+            pointer: "/spec/sourceRef/name",
+            export: dotted_export,
+        },
+        Case {
+            kind: "HelmRelease",
+            api_version: "helm.toolkit.fluxcd.io/v2",
+            object: |ns, name| {
+                json!({"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"interval": "9m", "suspend": true, "releaseName": "rel",
+                                "chartRef": {"kind": "OCIRepository", "name": "chart"}}})
+            },
+            field: "spec.chartRef",
+            other_spec: json!({"spec": {"values": {"image": "example.invalid/other"}}}),
+            repoint: |to| json!({"spec": {"chartRef": {"kind": "OCIRepository", "name": to}}}),
+            elsewhere: json!({"spec": {"chartRef": {"kind": "HelmChart", "name": "other"}}}),
+            pointer: "/spec/chartRef/name",
+            export: dotted_export,
+        },
+        Case {
+            kind: "ArtifactGenerator",
+            api_version: "source.extensions.fluxcd.io/v1beta1",
+            object: |ns, name| {
+                json!({"apiVersion": "source.extensions.fluxcd.io/v1beta1", "kind": "ArtifactGenerator",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"sources": [{"alias": "one", "kind": "GitRepository", "name": "repo"},
+                                            {"alias": "two", "kind": "Bucket", "name": "bucket"}],
+                                "artifacts": [{"name": "out", "copy": [{"from": "@one/**", "to": "@artifact/"}]}]}})
+            },
+            field: "spec.sources",
+            other_spec: json!({"spec": {"artifacts": [{"name": "out", "copy": [{"from": "@two/**", "to": "@artifact/"}]}]}}),
+            repoint: |to| {
+                json!({"spec": {"sources": [{"alias": "one", "kind": "ExternalArtifact", "name": to},
+                                            {"alias": "two", "kind": "Bucket", "name": "bucket"}]}})
+            },
+            elsewhere: json!({"spec": {"sources": [{"alias": "one", "kind": "GitRepository", "name": "repo"},
+                                                   {"alias": "two", "kind": "Bucket", "name": "stolen"}]}}),
+            pointer: "/spec/sources/0/name",
+            // ArtifactGenerator source names may hold no dot, so only an
+            // export name cut to the longest (253 characters, ending in a
+            // hash) fits there.
+            export: |prefix| format!("{prefix}-{}", "0".repeat(252 - prefix.len())),
+        },
+        Case {
+            kind: "Stack",
+            api_version: "pulumi.com/v1",
+            object: |ns, name| {
+                json!({"apiVersion": "pulumi.com/v1", "kind": "Stack",
+                       "metadata": {"name": name, "namespace": ns},
+                       "spec": {"stack": "org/app/dev",
+                                "fluxSource": {"dir": "infra",
+                                               "sourceRef": {"apiVersion": SOURCE, "kind": "GitRepository", "name": "repo"}}}})
+            },
+            field: "spec.fluxSource.sourceRef",
+            other_spec: json!({"spec": {"fluxSource": {"dir": "other"}}}),
+            repoint: |to| json!({"spec": {"fluxSource": {"sourceRef": {"apiVersion": SOURCE, "kind": "OCIRepository", "name": to}}}}),
+            elsewhere: json!({"spec": {"fluxSource": {"sourceRef": {"apiVersion": SOURCE, "kind": "Bucket", "name": "bucket"}}}}),
+            pointer: "/spec/fluxSource/sourceRef/name",
+            export: dotted_export,
+        },
+    ]
+}
+
+/// Applies the shipped policies and the CRDs of every consumer kind.
+async fn install(env: &Env) {
+    env.apply_yaml(POLICIES)
+        .await
+        .expect("the shipped openflux policies");
+    env.apply_yaml(SECRET_POLICY)
+        .await
+        .expect("the shipped Secret policy");
+    let stacks = support::workspace_root().join("e2e/crds/pulumi-stack.yaml");
+    env.apply_yaml(&std::fs::read_to_string(&stacks).expect("the Stack CRD"))
+        .await
+        .expect("installing the Stack CRD");
+    support::install_artifact_crd(env).await;
+    support::wait_established(
+        env,
+        &[
+            "stacks.pulumi.com",
+            "kustomizations.kustomize.toolkit.fluxcd.io",
+            "helmreleases.helm.toolkit.fluxcd.io",
+            "artifactgenerators.source.extensions.fluxcd.io",
+            "artifacts.openflux.dev",
+        ],
+    )
+    .await;
+}
+
+/// The API server's refusal of `result`, naming the policy; panics when
+/// it was admitted or refused for another reason.
+fn refusal<T: std::fmt::Debug>(what: &str, policy: &str, result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(e)) if e.message.contains(&format!("'{policy}'")) => e.message,
+        other => panic!("{what}: not refused by {policy}: {other:?}"),
+    }
+}
+
+/// Retries `attempt` until the policy refuses it (a policy takes effect
+/// shortly after it is written), then returns the message.
+async fn first_refusal<F, Fut, T>(what: &str, policy: &str, mut attempt: F) -> String
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+    T: std::fmt::Debug,
+{
+    wait_for(&format!("{policy} to refuse {what}"), TIMEOUT, || {
+        let call = attempt();
+        let policy = policy.to_string();
+        async move {
+            match call.await {
+                Err(kube::Error::Api(e)) if e.message.contains(&format!("'{policy}'")) => {
+                    Some(e.message)
+                }
+                _ => None,
+            }
+        }
+    })
+    .await
+}
+
+/// On every consumer kind openflux's credentials change the source
+/// reference to an export, with openflux's annotation, and nothing else:
+/// another spec field (a Kustomization's `path`), a reference to something
+/// that is not an export, labels, other annotations and finalizers are
+/// refused with a message naming what changed, and the object keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_changes_only_the_source_reference_of_a_consumer() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("privilege-consumers").await;
+    let n = ns.name().to_string();
+    let openflux = openflux_client(&env).await;
+    let pp = PatchParams::default();
+    let policy = "openflux-consumer-references";
+    for case in cases() {
+        let name = format!("{}-tenant", case.kind.to_lowercase());
+        let created = env
+            .apply(&(case.object)(&n, &name))
+            .await
+            .unwrap_or_else(|e| panic!("creating {} {name}: {e:#}", case.kind));
+        let (api, _) = support::dynamic_api(&openflux, case.api_version, case.kind, Some(&n))
+            .await
+            .expect("discovery");
+        let merge = |v: &Value| Patch::Merge(v.clone());
+        let message = first_refusal(&format!("a change of {}'s spec", case.kind), policy, || {
+            let (api, name, change) = (api.clone(), name.clone(), case.other_spec.clone());
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(change))
+                    .await
+            }
+        })
+        .await;
+        assert!(
+            message.contains(&format!(
+                "refused an update that changes spec beside {}",
+                case.field
+            )) && message.contains(&format!("{} {n}/{name}", case.kind)),
+            "{message}"
+        );
+        let message = refusal(
+            "a reference to a stock source",
+            policy,
+            api.patch(&name, &pp, &merge(&case.elsewhere)).await,
+        );
+        assert!(
+            message.contains(&format!(
+                "{} to something that is not an export",
+                case.field
+            )),
+            "{message}"
+        );
+        let message = refusal(
+            "a label",
+            policy,
+            api.patch(
+                &name,
+                &pp,
+                &merge(&json!({"metadata": {"labels": {"team.example.com/owner": "intruder"}}})),
+            )
+            .await,
+        );
+        assert!(message.contains("changes labels"), "{message}");
+        let message = refusal(
+            "another annotation",
+            policy,
+            api.patch(
+                &name,
+                &pp,
+                &merge(&json!({"metadata": {"annotations": {"kustomize.toolkit.fluxcd.io/reconcile": "disabled"}}})),
+            )
+            .await,
+        );
+        assert!(message.contains("annotations other than"), "{message}");
+        let message = refusal(
+            "a finalizer",
+            policy,
+            api.patch(
+                &name,
+                &pp,
+                &merge(&json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+            )
+            .await,
+        );
+        assert!(
+            message.contains("finalizers or owner references"),
+            "{message}"
+        );
+        let after = env
+            .find(case.api_version, case.kind, &n, &name)
+            .await
+            .expect("the consumer");
+        assert_eq!(after.data["spec"], created.data["spec"], "{}", case.kind);
+        assert_eq!(after.metadata.labels, created.metadata.labels);
+
+        // What openflux does write: the reference, to an export, and its
+        // annotation saying where the consumer pointed before.
+        let export = (case.export)(&name);
+        let mut moved = (case.repoint)(&export);
+        moved["metadata"] = json!({"annotations": {"openflux.dev/moved-from": "[]"}});
+        api.patch(&name, &pp, &merge(&moved))
+            .await
+            .unwrap_or_else(|e| panic!("re-pointing {} {name} as openflux: {e}", case.kind));
+        let after = env
+            .find(case.api_version, case.kind, &n, &name)
+            .await
+            .expect("the consumer");
+        assert_eq!(after.data.pointer(case.pointer), Some(&json!(export)));
+    }
+    ns.delete().await;
+}
+
+/// openflux's credentials create, change and delete only the Artifacts,
+/// ExternalArtifacts and OCIRepositories labelled as openflux's: someone
+/// else's object (an OCIRepository openflux does not manage) cannot be
+/// changed, taken over by labelling it, have its status written or be
+/// deleted, and nothing can be created without the label; an object with
+/// it can, and can be deleted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_writes_only_the_objects_it_manages() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("privilege-objects").await;
+    let n = ns.name().to_string();
+    let openflux = openflux_client(&env).await;
+    let pp = PatchParams::default();
+    let policy = "openflux-own-objects";
+    let objects = [
+        (
+            SOURCE,
+            "OCIRepository",
+            json!({"url": "oci://127.0.0.1:1/team/app", "interval": "7m", "ref": {"tag": "v3"}}),
+            json!({"spec": {"url": "oci://127.0.0.1:1/intruder/app"}}),
+        ),
+        (
+            SOURCE,
+            "ExternalArtifact",
+            json!({"sourceRef": {"apiVersion": "team.example.com/v1", "kind": "Thing", "name": "a"}}),
+            json!({"spec": {"sourceRef": {"name": "b"}}}),
+        ),
+        (
+            "openflux.dev/v1alpha1",
+            "Artifact",
+            json!({"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1",
+                   "digest": format!("sha256:{}", "0".repeat(64)), "path": "a.tar.gz"}),
+            json!({"spec": {"url": "http://127.0.0.1:1/intruder.tar.gz"}}),
+        ),
+    ];
+    for (api_version, kind, spec, change) in objects {
+        let theirs = format!("{}-theirs", kind.to_lowercase());
+        let created = env
+            .apply(&json!({"apiVersion": api_version, "kind": kind,
+                          "metadata": {"name": theirs, "namespace": n}, "spec": spec}))
+            .await
+            .unwrap_or_else(|e| panic!("creating {kind} {theirs}: {e:#}"));
+        let (api, _) = support::dynamic_api(&openflux, api_version, kind, Some(&n))
+            .await
+            .expect("discovery");
+        let message = first_refusal(&format!("a change of another's {kind}"), policy, || {
+            let (api, name, change) = (api.clone(), theirs.clone(), change.clone());
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(change))
+                    .await
+            }
+        })
+        .await;
+        assert!(
+            message.contains(&format!("{kind} {n}/{theirs} is not managed by openflux")),
+            "{message}"
+        );
+        refusal(
+            &format!("labelling another's {kind} as openflux's"),
+            policy,
+            api.patch(
+                &theirs,
+                &pp,
+                &Patch::Merge(json!({"metadata": {"labels": {MANAGED_BY: "openflux"}}})),
+            )
+            .await,
+        );
+        if kind != "Artifact" {
+            refusal(
+                &format!("writing another's {kind} status"),
+                policy,
+                api.patch_status(
+                    &theirs,
+                    &pp,
+                    &Patch::Merge(json!({"status": {"observedGeneration": 42}})),
+                )
+                .await,
+            );
+        }
+        refusal(
+            &format!("deleting another's {kind}"),
+            policy,
+            api.delete(&theirs, &DeleteParams::default()).await,
+        );
+        let unlabelled: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": api_version, "kind": kind,
+            "metadata": {"name": format!("{}-new", kind.to_lowercase()), "namespace": n},
+            "spec": spec}))
+        .expect("an object");
+        let message = refusal(
+            &format!("creating a {kind} without openflux's label"),
+            policy,
+            api.create(&PostParams::default(), &unlabelled).await,
+        );
+        assert!(
+            message.contains("would be created without that label"),
+            "{message}"
+        );
+        let now = env
+            .find(api_version, kind, &n, &theirs)
+            .await
+            .unwrap_or_else(|| panic!("{kind} {theirs} was deleted"));
+        assert_eq!(now.data["spec"], created.data["spec"], "{kind}");
+        assert!(!now
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(MANAGED_BY));
+
+        // openflux's own: created, changed and deleted.
+        let mut own = unlabelled.clone();
+        own.metadata.labels = Some([(MANAGED_BY.to_string(), "openflux".to_string())].into());
+        let name = own.metadata.name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), &own)
+            .await
+            .unwrap_or_else(|e| panic!("openflux creating its own {kind}: {e}"));
+        let message = refusal(
+            &format!("taking openflux's label off its {kind}"),
+            policy,
+            api.patch(
+                &name,
+                &pp,
+                &Patch::Merge(json!({"metadata": {"labels": {MANAGED_BY: null}}})),
+            )
+            .await,
+        );
+        assert!(message.contains("would lose that label"), "{message}");
+        api.patch(
+            &name,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"openflux.dev/artifact": "x"}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("openflux labelling its own {kind}: {e}"));
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("openflux deleting its own {kind}: {e}"));
+    }
+    ns.delete().await;
+}
+
+/// openflux's credentials create no Secret but its certificate Secret
+/// (`openflux-webhook-tls`, of type `kubernetes.io/tls`), in the namespace
+/// its Role covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_writes_no_secret_but_its_certificates() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("privilege-secrets").await;
+    let n = ns.name().to_string();
+    support::identity::grant_runtime_namespace(&env, &n).await;
+    let secrets: Api<Secret> = Api::namespaced(openflux_client(&env).await, &n);
+    let admin: Api<Secret> = Api::namespaced(env.client.clone(), &n);
+    let secret = |name: &str, type_: &str| -> Secret {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "type": type_,
+            "stringData": {"tls.crt": "x", "tls.key": "y"}
+        }))
+        .expect("a Secret")
+    };
+    let message = first_refusal("another Secret", "openflux-secrets", || {
+        let s = secret("registry-credentials", "Opaque");
+        let secrets = secrets.clone();
+        async move { secrets.create(&PostParams::default(), &s).await }
+    })
+    .await;
+    assert!(
+        message.contains("openflux may write only the Secret openflux-webhook-tls"),
+        "{message}"
+    );
+    refusal(
+        "its certificate Secret's name with another type",
+        "openflux-secrets",
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret("openflux-webhook-tls", "Opaque"),
+            )
+            .await,
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("openflux-webhook-tls", "kubernetes.io/tls"),
+        )
+        .await
+        .expect("its certificate Secret");
+    assert!(admin
+        .get_opt("registry-credentials")
+        .await
+        .expect("reading")
+        .is_none());
+    ns.delete().await;
+}
