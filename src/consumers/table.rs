@@ -490,4 +490,172 @@ mod tests {
             }
         }
     }
+
+    /// The shipped policy on openflux's own identity
+    /// (`webhook-config/openflux-policy.yaml`) follows this table: it
+    /// matches every consumer (and its status), lets openflux change the
+    /// very reference field openflux rewrites, to a name shaped as an
+    /// export's, and the annotations openflux writes; the policy on
+    /// openflux's objects matches Artifacts and both export kinds. Both
+    /// judge the identity the other shipped policies name, with no
+    /// parameter (a built-in paramKind stops resolving once its binding is
+    /// deleted and created again).
+    #[test]
+    fn the_policy_on_openflux_follows_the_table() {
+        use serde_json::{json, Value};
+        let read = |file: &str| -> Vec<Value> {
+            let path = format!("{}/webhook-config/{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            serde_yaml_ng::Deserializer::from_str(&text)
+                .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+                .filter(|doc| !doc.is_null())
+                .collect()
+        };
+        let docs = read("openflux-policy.yaml");
+        let policy = |name: &str| -> Value {
+            docs.iter()
+                .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("no policy {name}"))
+        };
+        let variable = |policy: &Value, name: &str| -> String {
+            policy["spec"]["variables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .and_then(|v| v["expression"].as_str())
+                .unwrap_or_else(|| panic!("no variable {name}"))
+                .to_string()
+        };
+        let rules = |policy: &Value| -> Vec<(String, String)> {
+            let mut out = Vec::new();
+            for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+                .as_array()
+                .unwrap()
+            {
+                assert_eq!(rule["operations"], json!(["CREATE", "UPDATE", "DELETE"]));
+                for group in rule["apiGroups"].as_array().unwrap() {
+                    for resource in rule["resources"].as_array().unwrap() {
+                        out.push((
+                            group.as_str().unwrap().to_string(),
+                            resource.as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+            out
+        };
+        let identity = read("externalartifact-policy.yaml")
+            .iter()
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .and_then(|p| {
+                p["spec"]["variables"]
+                    .as_array()?
+                    .iter()
+                    .find(|v| v["name"] == "openflux")?["expression"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap();
+
+        let consumers = policy("openflux-consumer-references");
+        let matched = rules(&consumers);
+        assert_eq!(matched.len(), 2 * CONSUMERS.len(), "{matched:?}");
+        let field = variable(&consumers, "field");
+        let top = variable(&consumers, "topKey");
+        for c in &CONSUMERS {
+            for resource in [c.resource.to_string(), format!("{}/status", c.resource)] {
+                assert!(
+                    matched.contains(&(c.group.to_string(), resource.clone())),
+                    "{resource}"
+                );
+            }
+            assert!(
+                field.contains(&format!("'{}': '{}'", c.resource, c.refs.dotted())),
+                "{field}"
+            );
+            assert!(
+                top.contains(&format!("'{}': '{}'", c.resource, c.refs.path[1])),
+                "{top}"
+            );
+            let list = matches!(c.refs.shape, RefShape::ListByKey(_));
+            let refs = variable(&consumers, "newRefs");
+            assert_eq!(
+                refs.contains(&format!("'{}' ? variables.newTop", c.resource)),
+                list
+            );
+        }
+        // The one consumer whose reference sits deeper than spec.<key>.
+        let inner = variable(&consumers, "innerKey");
+        for c in &CONSUMERS {
+            match c.refs.path {
+                [_, _] => assert!(!inner.contains(&format!("'{}'", c.resource))),
+                [_, _, last] => {
+                    assert!(
+                        inner.contains(&format!("== '{}' ? '{last}'", c.resource)),
+                        "{inner}"
+                    )
+                }
+                other => panic!("a reference path the policy cannot follow: {other:?}"),
+            }
+        }
+        assert_eq!(
+            variable(&consumers, "openfluxAnnotations"),
+            format!(
+                "['{}', '{}']",
+                crate::consumers::repoint::MOVED_FROM_ANNOTATION,
+                crate::api::SOURCE_REF_ANNOTATION
+            )
+        );
+        let exports = variable(&consumers, "refsToExports");
+        assert!(
+            exports.contains(&format!("size(r.name) == {MAX_NAME}")),
+            "{exports}"
+        );
+        assert!(
+            exports.contains("r.name.matches('[.].*[.].*[.]')"),
+            "{exports}"
+        );
+        assert!(
+            exports.contains(&format!("startsWith('{FLUX_SOURCE_GROUP}/')")),
+            "{exports}"
+        );
+
+        let own = policy("openflux-own-objects");
+        let matched = rules(&own);
+        assert!(matched.contains(&("openflux.dev".to_string(), "artifacts".to_string())));
+        for target in ["externalartifacts", "ocirepositories"] {
+            for resource in [target.to_string(), format!("{target}/status")] {
+                assert!(matched.contains(&(FLUX_SOURCE_GROUP.to_string(), resource)));
+            }
+        }
+        for p in [&consumers, &own] {
+            assert!(p["spec"].get("paramKind").is_none());
+            assert_eq!(p["spec"]["failurePolicy"], "Fail");
+            let condition = p["spec"]["matchConditions"][0]["expression"]
+                .as_str()
+                .unwrap();
+            assert_eq!(condition, identity, "the policies judge one identity");
+        }
+        for binding in docs
+            .iter()
+            .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        {
+            assert!(binding["spec"].get("paramRef").is_none());
+            assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        }
+        assert_eq!(
+            docs.iter()
+                .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+                .count(),
+            2
+        );
+        // On by default: part of what `kubectl apply -k manifests/` applies.
+        let kustomization = read("kustomization.yaml");
+        assert!(kustomization[0]["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("openflux-policy.yaml")));
+    }
 }
