@@ -22,7 +22,8 @@ demo-down:
 
 # The end-to-end tests of the Flux matrix (tests/e2e_matrix.rs)
 # start the matrix cells, more control planes with other Flux lines or gates
-# (ports 18xxx and 19xxx, see e2e/lib/cells.sh), one at a time; they are
+# (ports 18xxx and 19xxx; the lockdown cell of tests/e2e_lockdown.rs 21xxx;
+# see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
 test: lint cluster-up
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \

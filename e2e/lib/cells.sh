@@ -23,11 +23,16 @@
 
 # name|line|feature gates|kind. The position in this list places the port
 # block: append new cells at the end. Kind `nodes`: the control plane with
-# real nodes, where Flux and openflux run as Pods (e2e/lib/nodes.sh).
+# real nodes, where Flux and openflux run as Pods (e2e/lib/nodes.sh). Kind
+# `lockdown`: the Flux controllers run with the flags of Flux's
+# multi-tenancy lockdown (OPENFLUX_E2E_LOCKDOWN in e2e/cluster), so
+# kustomize-controller impersonates each namespace's ServiceAccount
+# `default`.
 CELLS=(
   "current-external-artifact|current|ExternalArtifact=true"
   "flux27-default|2.7|"
   "nodes|current||nodes"
+  "lockdown|current||lockdown"
 )
 
 CELL_PORT_BASE=${OPENFLUX_E2E_CELL_PORT_BASE:-18000}
@@ -63,11 +68,13 @@ cell_run() {
   local name=$1
   cell "$name"
   shift
-  local nodes=0
+  local nodes=0 lockdown=0
   [ "$CELL_KIND" != nodes ] || nodes=1
+  [ "$CELL_KIND" != lockdown ] || lockdown=1
   env -u KUBECONFIG \
     OPENFLUX_E2E_CELL="$name" \
     OPENFLUX_E2E_NODES="$nodes" OPENFLUX_E2E_NODES_PORT_BASE="$CELL_BASE" \
+    OPENFLUX_E2E_LOCKDOWN="$lockdown" \
     OPENFLUX_E2E_STATE="$CELL_STATE" \
     OPENFLUX_E2E_FLUX_LINE="$CELL_LINE" \
     OPENFLUX_E2E_FEATURE_GATES="$CELL_GATES" \

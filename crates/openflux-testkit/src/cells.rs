@@ -35,6 +35,13 @@ pub enum Cell {
     /// (`e2e/lib/nodes.sh`); not part of [`Cell::ALL`]: its tests install
     /// openflux as a user does ([`crate::nodes`]).
     Nodes,
+    /// The current Flux line under Flux's multi-tenancy lockdown:
+    /// kustomize-controller and helm-controller with
+    /// `--no-cross-namespace-refs=true --default-service-account=default`
+    /// (so they impersonate each namespace's ServiceAccount `default`),
+    /// kustomize-controller also with `--no-remote-bases=true`; not part of
+    /// [`Cell::ALL`]: its tests are about tenants, not about the matrix.
+    Lockdown,
 }
 
 impl Cell {
@@ -53,6 +60,7 @@ impl Cell {
             Cell::CurrentExternalArtifact => "current-external-artifact",
             Cell::Flux27Default => "flux27-default",
             Cell::Nodes => "nodes",
+            Cell::Lockdown => "lockdown",
         }
     }
 }
@@ -191,5 +199,6 @@ mod tests {
         }
         assert!(script.contains("\"current-external-artifact|current|ExternalArtifact=true\""));
         assert!(script.contains("\"flux27-default|2.7|\""));
+        assert!(script.contains(&format!("\"{}|current||lockdown\"", Cell::Lockdown.name())));
     }
 }
