@@ -501,3 +501,152 @@ async fn openflux_writes_no_secret_but_its_certificates() {
         .is_none());
     ns.delete().await;
 }
+
+/// A custom source kind whose producer lets openflux patch it (a ClusterRole
+/// aggregated into openflux's `openflux-sources`, as the HttpSource
+/// manifests ship one; this one also grants delete): openflux hands a
+/// reconcile request set on the export on to the source, under the policy,
+/// and its credentials change nothing else of the source: not its spec,
+/// not its labels, and they delete nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_hands_on_only_reconcile_requests_to_custom_sources() {
+    const GROUP: &str = "widgets.privilege.e2e.openflux.dev";
+    let source_api = format!("{GROUP}/v1");
+    let env = cluster().await;
+    install(&env).await;
+    support::install_test_source_crd(&env, GROUP).await;
+    support::wait_established(&env, &[&format!("testsources.{GROUP}")]).await;
+    let role = support::unique_name("privilege-source-requests");
+    env.apply(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": role, "labels": {"openflux.dev/aggregate-to-openflux": "true"}},
+        "rules": [{"apiGroups": [GROUP], "resources": ["testsources"],
+                   "verbs": ["get", "patch", "update", "delete"]}]
+    }))
+    .await
+    .expect("the producer's ClusterRole for openflux");
+    let ns = env.namespace("privilege-sources").await;
+    let n = ns.name().to_string();
+    let _of = support::openflux::Openflux::start(
+        &env,
+        &n,
+        &[
+            "--watch-all-namespaces=false",
+            &format!("--namespace={n}"),
+            &format!("--webhook-addr={}", support::openflux::free_addr()),
+        ],
+    )
+    .await;
+    let source = env
+        .apply(&json!({"apiVersion": source_api, "kind": "TestSource",
+                       "metadata": {"name": "shop", "namespace": n},
+                       "spec": {"endpoint": "https://team.example.com/shop"}}))
+        .await
+        .expect("the custom source");
+    let spec = support::openflux::publish(
+        env.fixtures(),
+        &n,
+        "shop",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("shop"))],
+    );
+    env.apply(&json!({
+        "apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact",
+        "metadata": {"name": "shop", "namespace": n, "ownerReferences": [
+            {"apiVersion": source_api, "kind": "TestSource", "name": "shop",
+             "uid": source.metadata.uid.clone().expect("uid"), "controller": true}]},
+        "spec": spec,
+    }))
+    .await
+    .expect("the Artifact");
+    let (_, export) = support::exports::wait_export(&env, &n, "shop", |_| true).await;
+    let (kind, name) = (
+        export
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default(),
+        export.metadata.name.clone().unwrap_or_default(),
+    );
+
+    // A reconcile request on the export, handed on by openflux. It is set
+    // here with openflux's credentials: the shipped policy on exports
+    // (openflux-managed-externalartifacts) lets nobody else change an
+    // export's annotations, this one included.
+    let requested = support::unique_name("requested");
+    let openflux = openflux_client(&env).await;
+    support::dynamic_api(&openflux, SOURCE, &kind, Some(&n))
+        .await
+        .expect("discovery")
+        .0
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": requested}}})),
+        )
+        .await
+        .expect("requesting a reconcile on the export");
+    wait_for(
+        "openflux to hand the request to the source",
+        TIMEOUT,
+        || async {
+            let s = env.find(&source_api, "TestSource", &n, "shop").await?;
+            (s.metadata
+                .annotations?
+                .get("reconcile.fluxcd.io/requestedAt")?
+                == &requested)
+                .then_some(())
+        },
+    )
+    .await;
+
+    let (api, _) = support::dynamic_api(
+        &openflux_client(&env).await,
+        &source_api,
+        "TestSource",
+        Some(&n),
+    )
+    .await
+    .expect("discovery");
+    let policy = "openflux-source-requests";
+    let pp = PatchParams::default();
+    let message = refusal(
+        "a change of the source's spec",
+        policy,
+        api.patch(
+            "shop",
+            &pp,
+            &Patch::Merge(json!({"spec": {"endpoint": "https://intruder.example.com/"}})),
+        )
+        .await,
+    );
+    assert!(
+        message.contains(&format!("TestSource {n}/shop"))
+            && message.contains("refused an update that changes more than that"),
+        "{message}"
+    );
+    refusal(
+        "a label on the source",
+        policy,
+        api.patch(
+            "shop",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"team.example.com/owner": "intruder"}}})),
+        )
+        .await,
+    );
+    let message = refusal(
+        "deleting the source",
+        policy,
+        api.delete("shop", &DeleteParams::default()).await,
+    );
+    assert!(message.contains("refused to delete it"), "{message}");
+    let now = env
+        .find(&source_api, "TestSource", &n, "shop")
+        .await
+        .expect("the source");
+    assert_eq!(now.data["spec"], source.data["spec"]);
+    ns.delete().await;
+    env.delete_object("rbac.authorization.k8s.io/v1", "ClusterRole", "", &role)
+        .await;
+}

@@ -630,7 +630,7 @@ mod tests {
                 assert!(matched.contains(&(FLUX_SOURCE_GROUP.to_string(), resource)));
             }
         }
-        for p in [&consumers, &own] {
+        for p in [&consumers, &own, &policy("openflux-source-requests")] {
             assert!(p["spec"].get("paramKind").is_none());
             assert_eq!(p["spec"]["failurePolicy"], "Fail");
             let condition = p["spec"]["matchConditions"][0]["expression"]
@@ -649,8 +649,29 @@ mod tests {
             docs.iter()
                 .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
                 .count(),
-            2
+            3
         );
+        // The third holds every other group openflux may be granted (the
+        // custom sources' reconcile requests), leaving out exactly the
+        // groups the first two hold and Kubernetes' own that openflux
+        // writes in.
+        let sources = policy("openflux-source-requests");
+        assert_eq!(
+            variable(&sources, "requestedAt"),
+            format!("'{}'", crate::export::plan::REQUESTED_AT)
+        );
+        let excluded = sources["spec"]["matchConstraints"]["excludeResourceRules"][0]["apiGroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_str().unwrap().to_string())
+            .collect::<std::collections::BTreeSet<_>>();
+        let held = CONSUMERS
+            .iter()
+            .map(|c| c.group.to_string())
+            .chain(["openflux.dev".to_string(), FLUX_SOURCE_GROUP.to_string()])
+            .collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(excluded, held);
         // On by default: part of what `kubectl apply -k manifests/` applies.
         let kustomization = read("kustomization.yaml");
         assert!(kustomization[0]["resources"]
