@@ -168,4 +168,32 @@ mod tests {
             .iter()
             .any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns));
     }
+
+    /// Every admission policy shipped in webhook-config/ is installed on
+    /// the local control planes (so every end-to-end test runs under it)
+    /// and is part of what `kubectl apply -k manifests/` applies.
+    #[test]
+    fn every_shipped_policy_is_installed_everywhere() {
+        let root = crate::workspace_root();
+        let script = std::fs::read_to_string(root.join("e2e/cluster")).unwrap();
+        let kustomization =
+            std::fs::read_to_string(root.join("webhook-config/kustomization.yaml")).unwrap();
+        let mut policies: Vec<String> = std::fs::read_dir(root.join("webhook-config"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.ends_with("policy.yaml"))
+            .collect();
+        policies.sort();
+        assert!(policies.len() >= 3, "{policies:?}");
+        for policy in &policies {
+            assert!(
+                script.contains(&format!("webhook-config/{policy}")),
+                "e2e/cluster does not install {policy}"
+            );
+            assert!(
+                kustomization.contains(&format!("- {policy}")),
+                "webhook-config/kustomization.yaml leaves out {policy}"
+            );
+        }
+    }
 }
