@@ -36,7 +36,7 @@ test: lint cluster-up
 # with Flux" blocks (README.md, "Real nodes"). Needs root. The cell is
 # stopped at the end.
 test-nodes:
-	$(CARGO) test --test e2e_nodes -- --include-ignored --test-threads=1 --nocapture; \
+	$(CARGO) test --test e2e_nodes -- --test-threads=1 --nocapture; \
 	  rc=$$?; $(CLUSTER) cell nodes down; exit $$rc
 
 # The chaos suite (docs/reliability.md): a million generated AdmissionReviews

@@ -31,7 +31,7 @@ pub fn uninstall(env: &Env) {
         ][..],
         &[
             "delete",
-            "mutatingwebhookconfiguration",
+            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
             "openflux",
             "--ignore-not-found",
         ],

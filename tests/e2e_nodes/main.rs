@@ -19,6 +19,8 @@ mod faults;
 mod flux_install;
 mod helm;
 mod load;
+mod overlay;
+mod rotation;
 mod upgrade;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,15 +9,17 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
 use support::{field, Cell, Env};
 
 use super::load::Admissions;
+use super::overlay;
 use super::{all_available, ROLLOUT};
 
 const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
@@ -34,40 +36,6 @@ fn kubectl(env: &Env, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// `to` relative to the directory `from` (kustomize takes no absolute
-/// resource paths).
-fn relative(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
-    let from: Vec<_> = from.components().collect();
-    let to: Vec<_> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut path = std::path::PathBuf::new();
-    for _ in common..from.len() {
-        path.push("..");
-    }
-    for part in &to[common..] {
-        path.push(part);
-    }
-    path
-}
-
-/// A kustomization in `dir` installing `manifests` with openflux's image
-/// `image` (by digest), as the README's overlay does.
-fn overlay(dir: &std::path::Path, manifests: &std::path::Path, image: &str) {
-    let (name, digest) = image.split_once('@').expect("an image by digest");
-    std::fs::create_dir_all(dir).expect("an overlay dir");
-    let dir = dir.canonicalize().expect("the overlay dir");
-    let manifests = relative(&dir, &manifests.canonicalize().expect("the manifests dir"));
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [{}]\nimages:\n  - {{name: openflux, newName: {name}, digest: {digest}}}\n",
-            manifests.display()
-        ),
-    )
-    .expect("writing the overlay");
 }
 
 fn configmap(name: &str, value: &str) -> String {
@@ -117,6 +85,38 @@ async fn snapshot(env: &Env, ns: &str) -> BTreeMap<String, (Value, Value, Value)
     seen
 }
 
+/// A serving certificate made by the previous release's `openflux certs`,
+/// in the Secret its Deployment mounts.
+fn make_certs(env: &Env, previous: &support::release::Previous, work: &std::path::Path) {
+    let tls = work.join("webhook-tls");
+    let certs = std::process::Command::new(&previous.binary)
+        .args(["certs", "--out-dir"])
+        .arg(&tls)
+        .args(["--dns-name", "openflux-webhook.openflux-system.svc"])
+        .output()
+        .expect("running the previous release's openflux certs");
+    assert!(
+        certs.status.success(),
+        "openflux certs: {}",
+        String::from_utf8_lossy(&certs.stderr)
+    );
+    let file = |name: &str| format!("--from-file={}", tls.join(name).display());
+    kubectl(
+        env,
+        &[
+            "-n",
+            "openflux-system",
+            "create",
+            "secret",
+            "generic",
+            "openflux-webhook-tls",
+            &file("ca.crt"),
+            &file("tls.crt"),
+            &file("tls.key"),
+        ],
+    );
+}
+
 async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str) {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
     support::wait_for(
@@ -132,7 +132,6 @@ async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, docs/reliability.md 'Upgrades': the new ValidatingWebhookConfiguration fails admissions until this build's Pods serve it; run with `make test-nodes`"]
 async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_export() {
     let env = support::cell(Cell::Nodes).await;
     super::INSTALLED.store(false, Ordering::SeqCst);
@@ -144,8 +143,10 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         previous.commit, previous.image
     );
 
-    // The previous release, as its README said: a serving certificate made
-    // by `openflux certs` in a Secret, then the manifests with its image.
+    // The previous release, as its README said: its namespace, a serving
+    // certificate made by `openflux certs` in a Secret when its Deployment
+    // mounts one (releases that keep their certificates themselves need
+    // nothing), then the manifests with its image.
     let work = tempfile::tempdir().expect("a temp dir");
     kubectl(
         &env,
@@ -159,38 +160,17 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
                 .to_string(),
         ],
     );
-    let tls = work.path().join("webhook-tls");
-    let certs = std::process::Command::new(&previous.binary)
-        .args(["certs", "--out-dir"])
-        .arg(&tls)
-        .args(["--dns-name", "openflux-webhook.openflux-system.svc"])
-        .output()
-        .expect("running the previous release's openflux certs");
-    assert!(
-        certs.status.success(),
-        "openflux certs: {}",
-        String::from_utf8_lossy(&certs.stderr)
-    );
-    let file = |name: &str| format!("--from-file={}", tls.join(name).display());
-    kubectl(
-        &env,
-        &[
-            "-n",
-            "openflux-system",
-            "create",
-            "secret",
-            "generic",
-            "openflux-webhook-tls",
-            &file("ca.crt"),
-            &file("tls.crt"),
-            &file("tls.key"),
-        ],
-    );
+    let old_deployment = std::fs::read_to_string(previous.tree.join("manifests/deployment.yaml"))
+        .expect("the previous release's Deployment");
+    if !old_deployment.contains("--webhook-cert-secret") {
+        make_certs(&env, &previous, work.path());
+    }
     let old_overlay = work.path().join("previous");
-    overlay(
+    overlay::write(
         &old_overlay,
         &previous.tree.join("manifests"),
         &previous.image,
+        "",
     );
     kubectl(&env, &["apply", "-k", &old_overlay.display().to_string()]);
     all_available(&env, "openflux-system", &["openflux"]).await;
@@ -258,13 +238,11 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
     )
     .await;
     let new_overlay = work.path().join("current");
-    overlay(
+    overlay::write(
         &new_overlay,
-        &support::workspace_root()
-            .canonicalize()
-            .expect("the repository")
-            .join("manifests"),
+        &support::workspace_root().join("manifests"),
         &current,
+        "",
     );
     let started = Instant::now();
     kubectl(&env, &["apply", "-k", &new_overlay.display().to_string()]);
@@ -344,5 +322,87 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         .await
         .expect("a new revision of s0");
     configmap_holds(&env, &n, "cm-0", "after").await;
+
+    // This build's validating webhook is in force: openflux published it
+    // with its CA bundle, and a consumer naming the export directly is
+    // judged by the tenant policy.
+    validating_webhook_in_force(&env, &n, &before["k0"].0).await;
     ns.delete().await;
+}
+
+/// A server-side dry-run create of a Kustomization in `ns` naming
+/// `source_ref`: the API server's message when it is refused.
+async fn refusal(env: &Env, ns: &str, source_ref: &Value) -> Option<String> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": KUSTOMIZE, "kind": "Kustomization",
+        "metadata": {"name": "direct", "namespace": ns},
+        "spec": {"interval": "10m", "prune": true, "path": "./", "sourceRef": source_ref}
+    }))
+    .expect("a Kustomization");
+    let (api, _) = support::dynamic_api(&env.client, KUSTOMIZE, "Kustomization", Some(ns))
+        .await
+        .expect("discovery");
+    let dry_run = PostParams {
+        dry_run: true,
+        field_manager: None,
+    };
+    match api.create(&dry_run, &object).await {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+async fn validating_webhook_in_force(env: &Env, ns: &str, export: &Value) {
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    let config = support::wait_for(
+        "openflux to publish its ValidatingWebhookConfiguration with its CA bundle",
+        ROLLOUT,
+        || async {
+            let config = configs.get_opt("openflux").await.ok().flatten()?;
+            let webhooks = config.webhooks.as_ref()?;
+            let bundled = webhooks.iter().all(|w| {
+                let bundle = w.client_config.ca_bundle.as_ref();
+                bundle.is_some_and(|b| !b.0.is_empty())
+            });
+            (!webhooks.is_empty() && bundled).then_some(config)
+        },
+    )
+    .await;
+    for webhook in config.webhooks.iter().flatten() {
+        let service = webhook.client_config.service.as_ref().expect("a Service");
+        assert_eq!(
+            (service.name.as_str(), service.port),
+            ("openflux-webhook", Some(8443)),
+            "{} calls the Service's validate port",
+            webhook.name
+        );
+    }
+    let policy = format!("upgrade-{ns}");
+    env.apply(&json!({
+        "apiVersion": "openflux.dev/v1alpha1", "kind": "SourcePolicy",
+        "metadata": {"name": policy},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                 "allowedKinds": [{"group": "other.producer.example", "kind": "Elsewhere"}]}
+    }))
+    .await
+    .expect("a SourcePolicy");
+    let denied = support::wait_for(
+        "a direct reference to the export denied by the validating webhook",
+        ROLLOUT,
+        || async {
+            refusal(env, ns, export).await.filter(|m| {
+                m.contains("kustomizations.validate.openflux.dev") && m.contains(&policy)
+            })
+        },
+    )
+    .await;
+    println!("direct reference after the upgrade: {denied}");
+    let (policies, _) =
+        support::dynamic_api(&env.client, "openflux.dev/v1alpha1", "SourcePolicy", None)
+            .await
+            .expect("the SourcePolicy API");
+    policies
+        .delete(&policy, &Default::default())
+        .await
+        .expect("deleting the SourcePolicy");
 }
