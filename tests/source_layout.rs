@@ -169,6 +169,11 @@ const API_LAYERS: &[(&str, Layer)] = &[
     ("runtime::logging", Layer::Shell),
     ("runtime::metrics", Layer::Shell),
     ("runtime::metrics::labels", Layer::Api),
+    ("spiffe::ids", Layer::Pure),
+    ("spiffe::flags", Layer::Pure),
+    ("spiffe", Layer::Shell),
+    ("spiffe::tls", Layer::Shell),
+    ("spiffe::serve", Layer::Shell),
 ];
 
 /// The modules of the HttpSource controller and their layers.
@@ -212,6 +217,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("writers", Layer::Shell),
     ("cells", Layer::Shell),
     ("nodes", Layer::Shell),
+    ("spire", Layer::Shell),
 ];
 
 fn workspace_dir() -> PathBuf {

@@ -11,6 +11,8 @@ pub mod policy;
 pub mod producer;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "spiffe")]
+pub mod spiffe;
 
 use std::collections::BTreeMap;
 

@@ -27,6 +27,8 @@ pub struct Storage {
     root: PathBuf,
     /// `host[:port]` URLs are advertised under.
     adv_addr: String,
+    /// `http`, or `https` when the server is served over TLS.
+    scheme: &'static str,
 }
 
 /// Suffix of artifact files.
@@ -41,7 +43,15 @@ impl Storage {
         Storage {
             root: root.into(),
             adv_addr: adv_addr.into(),
+            scheme: "http",
         }
+    }
+
+    /// The same storage, its URLs advertised as `https` (the server is
+    /// served over TLS, e.g. SPIFFE mTLS).
+    pub fn https(mut self) -> Self {
+        self.scheme = "https";
+        self
     }
 
     /// The storage-relative path of an artifact.
@@ -51,7 +61,7 @@ impl Storage {
 
     /// The advertised URL of a storage-relative path.
     pub fn url(&self, relative: &str) -> String {
-        format!("http://{}/{relative}", self.adv_addr)
+        format!("{}://{}/{relative}", self.scheme, self.adv_addr)
     }
 
     fn absolute(&self, relative: &str) -> PathBuf {
@@ -368,6 +378,11 @@ mod tests {
         assert_eq!(
             storage.url(&rel),
             format!("http://localhost:9090/ns/src/{HEX_A}.tar.gz")
+        );
+        assert_eq!(
+            storage.clone().https().url(&rel),
+            format!("https://localhost:9090/ns/src/{HEX_A}.tar.gz"),
+            "served over TLS, the URLs are https"
         );
         assert!(!storage.exists(&rel).await);
         storage.store(&rel, b"bytes").await.unwrap();
