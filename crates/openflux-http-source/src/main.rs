@@ -46,6 +46,7 @@ use openflux_api::runtime::health::serve;
 use openflux_api::runtime::leader::{lease_name, Elector};
 use openflux_api::runtime::{logging, metrics as flux_metrics};
 use openflux_api::runtime::{ControllerId, EventRecorder, Health, Metrics};
+use openflux_api::spiffe::{self as flux_spiffe, MtlsMetrics, SpiffeArgs};
 use prometheus_client::registry::Registry;
 use tracing::info;
 
@@ -103,6 +104,9 @@ struct RunArgs {
     /// Directory artifacts are stored in.
     #[arg(long, default_value = "/data")]
     storage_path: PathBuf,
+    /// Serving artifacts over SPIFFE mutual TLS.
+    #[command(flatten)]
+    spiffe: SpiffeArgs,
     /// Address the artifact server listens on.
     #[arg(long, default_value = ":9090")]
     storage_addr: ListenAddr,
@@ -209,10 +213,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&args.storage_path)
         .with_context(|| format!("creating storage path {:?}", args.storage_path))?;
-    let storage = Storage::new(
+    let mtls = args.spiffe.settings()?;
+    let mut storage = Storage::new(
         &args.storage_path,
         advertised_addr(&args.storage_adv_addr, args.storage_addr.port()),
     );
+    if mtls.is_some() {
+        storage = storage.https();
+    }
 
     let client = kube_client(args.kubeconfig.as_ref()).await?;
     // Fetches go through the network policy; the API server's address is
@@ -247,12 +255,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let health = Health::default();
 
     let catalog = Arc::new(Catalog::default());
-    serve(
-        "artifact",
-        args.storage_addr.socket_addr(),
-        serve::router(args.storage_path.clone(), catalog.clone()),
-    )
-    .await?;
+    let artifacts = serve::router(args.storage_path.clone(), catalog.clone());
+    match mtls {
+        None => {
+            serve("artifact", args.storage_addr.socket_addr(), artifacts).await?;
+        }
+        Some(mtls) => {
+            info!(
+                endpoint = %mtls.endpoint,
+                "waiting for this controller's X.509-SVID from the SPIFFE Workload API"
+            );
+            let source = flux_spiffe::connect(&mtls.endpoint, mtls.initial_timeout).await?;
+            let own = flux_spiffe::own_id(&source).map(|id| id.to_string());
+            info!(
+                spiffe_id = own.as_deref().unwrap_or("<none>"),
+                authorized = %mtls.clients.describe(),
+                "artifact server will use mTLS via SPIFFE"
+            );
+            let metrics = MtlsMetrics::register(&mut registry);
+            let config = flux_spiffe::server_config(source, mtls.clients, metrics.clone())?;
+            let addr = args.storage_addr.socket_addr();
+            flux_spiffe::serve_tls("artifact", addr, artifacts, config, metrics).await?;
+        }
+    }
     serve(
         "metrics",
         flux.metrics_addr.socket_addr(),
