@@ -103,6 +103,7 @@ build_recipe() {
   case $1 in
     kubernetes | kubernetes-node) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
     flux-cli) echo "go1.26+ cgo-off trimpath ldflags-v2 flux-version-stamp placeholder-manifests-v2" ;;
+    spire) echo "go1.26+ cgo-on trimpath ldflags-v2" ;;
     *) echo "go1.26+ cgo-off trimpath ldflags-v2" ;;
   esac
 }
@@ -229,7 +230,7 @@ heartbeat() {
 # cache. A lock per wrapper key keeps two control planes from building the
 # same thing at once; the second one waits and reuses the result.
 build_binary() {
-  local name=$1 w=$2 pkg=$3 progress=$4 dest dir start tmp ldflags="-s -w" args=() rc=0
+  local name=$1 w=$2 pkg=$3 progress=$4 dest dir start tmp ldflags="-s -w" args=() rc=0 cgo=0
   dest=$(binary_path "$name" "$w")
   dir=${dest%/*}
   mkdir -p "$dir"
@@ -246,6 +247,8 @@ build_binary() {
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   case $w in
     kubernetes | kubernetes-node) ldflags=$(kube_ldflags "$w") ;;
+    # SPIRE's sqlite3 datastore (github.com/mattn/go-sqlite3) is cgo.
+    spire) cgo=1 ;;
     flux-cli)
       ldflags+=" -X main.VERSION=${FLUX_CLI_VERSION#v}"
       flux_cli_module "$tmp"
@@ -257,7 +260,7 @@ build_binary() {
   heartbeat "$name [$progress]" "$start" &
   HEARTBEAT_PID=$!
   (cd "$E2E_DIR/go/$w" &&
-    go_env go build -p "$GO_PARALLEL" -trimpath -ldflags "$ldflags" "${args[@]}" -o "$tmp/$name" "$pkg") || rc=$?
+    go_env env CGO_ENABLED=$cgo go build -p "$GO_PARALLEL" -trimpath -ldflags "$ldflags" "${args[@]}" -o "$tmp/$name" "$pkg") || rc=$?
   kill "$HEARTBEAT_PID" 2>/dev/null || true
   wait "$HEARTBEAT_PID" 2>/dev/null || true
   HEARTBEAT_PID=
@@ -329,4 +332,48 @@ build() {
     say "built ${#todo[@]} binaries in $(($(date +%s) - start))s"
   fi
   copy_crds
+}
+
+# ---------------------------------------------------------------- spiffe ----
+
+# The SPIFFE tests' binaries, apart from any Flux line: the SPIRE server and
+# agent (a real Workload API) and spiffe-fetch (a fetch client doing what
+# kustomize-controller v1.10 does with --authorized-artifact-server-spiffe-id,
+# e2e/go/spiffe-fetch). Built only when asked for (`e2e/cluster
+# build-spiffe`); linked into sets/spiffe-<key>/bin.
+SPIFFE_BINARIES=(
+  "spire-server|spire|github.com/spiffe/spire/cmd/spire-server"
+  "spire-agent|spire|github.com/spiffe/spire/cmd/spire-agent"
+  "spiffe-fetch|spiffe-fetch|."
+)
+
+# build_spiffe: builds what is missing of SPIFFE_BINARIES; prints their bin dir.
+build_spiffe() {
+  local entry name wrapper pkg keys=() todo=() i=0 dir
+  for entry in "${SPIFFE_BINARIES[@]}"; do
+    IFS='|' read -r name wrapper _ <<<"$entry"
+    hash_wrapper "$wrapper"
+    keys+=("$name=${WRAPPER_KEYS[$wrapper]}")
+  done
+  dir=$CACHE_ROOT/sets/spiffe-$(printf '%s\n' "${keys[@]}" | sha256sum | cut -c1-12)/bin
+  mkdir -p "$dir"
+  for entry in "${SPIFFE_BINARIES[@]}"; do
+    IFS='|' read -r name wrapper _ <<<"$entry"
+    [ -x "$(binary_path "$name" "$wrapper")" ] || todo+=("$entry")
+  done
+  if [ ${#todo[@]} -gt 0 ]; then
+    check_go
+    require_version spire github.com/spiffe/spire "$SPIRE_VERSION"
+    say "SPIFFE: building ${#todo[@]} binaries (SPIRE takes about 5 minutes cold on 2 cores)"
+  fi
+  for entry in "${todo[@]}"; do
+    IFS='|' read -r name wrapper pkg <<<"$entry"
+    i=$((i + 1))
+    build_binary "$name" "$wrapper" "$pkg" "$i/${#todo[@]}"
+  done
+  for entry in "${SPIFFE_BINARIES[@]}"; do
+    IFS='|' read -r name wrapper _ <<<"$entry"
+    BIN_DIR=$dir link_binary "$name" "$wrapper"
+  done
+  echo "$dir"
 }
