@@ -413,6 +413,33 @@ mod tests {
         assert!(matches!(cli.command, Some(Command::Crds)));
     }
 
+    /// The SPIFFE flags are the controller's: off by default (plain HTTP),
+    /// on with an authorized client and a socket; a bad ID is refused.
+    #[test]
+    fn spiffe_flags_turn_the_artifact_server_to_mtls() {
+        let cli = Cli::try_parse_from(["openflux-http-source"]).unwrap();
+        assert!(cli.run.spiffe.settings().unwrap().is_none());
+        let cli = Cli::try_parse_from([
+            "openflux-http-source",
+            "--authorized-artifact-client-spiffe-id=spiffe://self/ns/flux-system/",
+            "--authorized-artifact-client-spiffe-id=spiffe://td.example/ns/flux-system/sa/helm-controller",
+            "--spiffe-endpoint-socket=/run/spire/sockets/agent.sock",
+        ])
+        .unwrap();
+        let mtls = cli.run.spiffe.settings().unwrap().unwrap();
+        assert_eq!(mtls.endpoint, "unix:///run/spire/sockets/agent.sock");
+        assert!(mtls
+            .clients
+            .authorizes(Some("td.example"), "td.example", "/ns/flux-system/sa/kc"));
+        let err = Cli::try_parse_from([
+            "openflux-http-source",
+            "--authorized-artifact-client-spiffe-id=spiffe://td.example/../x",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("invalid SPIFFE ID"), "{err}");
+    }
+
     /// `--allow-network` takes ranges, repeated or comma-separated; nothing
     /// is allowed by default, and a bad range is refused at start.
     #[test]
