@@ -16,6 +16,8 @@ mod healing;
 mod leader;
 #[path = "e2e_http_source/security.rs"]
 mod security;
+#[path = "e2e_http_source/spiffe.rs"]
+mod spiffe;
 
 use openflux_testkit as support;
 

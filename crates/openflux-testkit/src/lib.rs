@@ -32,6 +32,7 @@ pub mod openflux;
 pub mod proxy;
 pub mod references;
 pub mod release;
+pub mod spire;
 mod wait;
 pub mod webhook;
 pub mod writers;
