@@ -364,7 +364,7 @@ build_spiffe() {
   if [ ${#todo[@]} -gt 0 ]; then
     check_go
     require_version spire github.com/spiffe/spire "$SPIRE_VERSION"
-    say "SPIFFE: building ${#todo[@]} binaries (SPIRE takes about 5 minutes cold on 2 cores)"
+    say "SPIFFE: building ${#todo[@]} binaries (SPIRE cold: 5 to 25 minutes on 2 cores, by load)"
   fi
   for entry in "${todo[@]}"; do
     IFS='|' read -r name wrapper pkg <<<"$entry"
