@@ -334,8 +334,4 @@ require (
 
 replace github.com/opencontainers/go-digest => github.com/opencontainers/go-digest v1.0.1-0.20220411205349-bde1400a84be
 
-replace github.com/fluxcd/pkg/http/transport => github.com/fluxcd/pkg/http/transport v0.8.0
-
-replace github.com/google/go-containerregistry/pkg/authn/k8schain => github.com/google/go-containerregistry/pkg/authn/k8schain v0.0.0-20240313213035-8b3c3036d612
-
 tool github.com/fluxcd/source-controller
