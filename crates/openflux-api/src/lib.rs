@@ -171,6 +171,26 @@ pub struct ArtifactSpec {
     /// Free-form metadata (for example OCI annotations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Structured data the producer declares for consumers that template
+    /// from their sources (for example flux-operator's ResourceSets): each
+    /// key maps to any JSON value. openflux copies it into the exported
+    /// ExternalArtifact's `status.exportedInputs` where the cluster's
+    /// ExternalArtifact API has that field (source-controller v1.10 and
+    /// later); shadow OCIRepositories have no such field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "exported_inputs_schema")]
+    pub exported_inputs: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// The schema of [`ArtifactSpec::exported_inputs`]: the same as Flux's
+/// `ExternalArtifact` `status.exportedInputs` (an object whose values are
+/// any JSON, kept as written).
+fn exported_inputs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "additionalProperties": {"x-kubernetes-preserve-unknown-fields": true},
+    })
 }
 
 /// What openflux observed and did with an Artifact.
@@ -291,7 +311,8 @@ mod tests {
             "path": "a.tar.gz",
             "size": 12,
             "lastUpdateTime": "2025-01-02T03:04:05Z",
-            "metadata": {"k": "v"}
+            "metadata": {"k": "v"},
+            "exportedInputs": {"tenant": "a", "replicas": 3, "env": {"tier": ["x"]}}
         });
         let spec: ArtifactSpec = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(spec.size, Some(12));

@@ -196,6 +196,7 @@ pub fn artifact_spec(summary: &ArtifactSummary) -> ArtifactSpec {
         size: Some(summary.size),
         last_update_time: Some(summary.last_update_time.clone()),
         metadata: None,
+        exported_inputs: None,
     }
 }
 

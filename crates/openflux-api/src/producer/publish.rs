@@ -180,6 +180,7 @@ mod tests {
             size: Some(42),
             last_update_time: Some(Time(Timestamp::from_second(1_700_000_000).unwrap())),
             metadata: None,
+            exported_inputs: None,
         }
     }
 
