@@ -9,16 +9,18 @@ use serde_json::Value;
 
 use crate::cluster::target::{gate_from_args, Gate};
 
-/// The kinds a reference field accepts, from the `enum` of its `kind`
-/// property in the CRD's schema for `version`. `path` is the field's path
-/// from the object root; array fields are walked through their `items`.
-/// `None` when the CRD, version or field is missing or the schema lists no
-/// enum (then any kind is accepted).
-pub fn accepted_kinds(crd: &Value, version: &str, path: &[&str]) -> Option<Vec<String>> {
-    let versions = crd.pointer("/spec/versions")?.as_array()?;
-    let version = versions
+/// The version named `version` of the CRD.
+fn crd_version<'a>(crd: &'a Value, version: &str) -> Option<&'a Value> {
+    crd.pointer("/spec/versions")?
+        .as_array()?
         .iter()
-        .find(|v| v.get("name").and_then(Value::as_str) == Some(version))?;
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(version))
+}
+
+/// The schema of `path` (from the object root) in the CRD's schema for
+/// `version`; array fields are walked through their `items`.
+fn schema_at<'a>(crd: &'a Value, version: &str, path: &[&str]) -> Option<&'a Value> {
+    let version = crd_version(crd, version)?;
     let mut schema = version.pointer("/schema/openAPIV3Schema")?;
     for field in path {
         schema = schema.get("properties")?.get(*field)?;
@@ -26,14 +28,41 @@ pub fn accepted_kinds(crd: &Value, version: &str, path: &[&str]) -> Option<Vec<S
             schema = schema.get("items")?;
         }
     }
-    let kinds = schema.pointer("/properties/kind/enum")?.as_array()?;
+    Some(schema)
+}
+
+/// Whether the served `version` of the CRD has the field at `path`: the
+/// API server keeps what is written there instead of pruning it.
+pub fn has_field(crd: &Value, version: &str, path: &[&str]) -> bool {
+    let served = crd_version(crd, version)
+        .and_then(|v| v.get("served"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    served && schema_at(crd, version, path).is_some()
+}
+
+/// The values the `enum` of the field at `path` allows, in the CRD's schema
+/// for `version`; `None` when the field is missing or lists no enum.
+pub fn enum_values(crd: &Value, version: &str, path: &[&str]) -> Option<Vec<String>> {
+    let values = schema_at(crd, version, path)?.get("enum")?.as_array()?;
     Some(
-        kinds
+        values
             .iter()
             .filter_map(Value::as_str)
             .map(str::to_string)
             .collect(),
     )
+}
+
+/// The kinds a reference field accepts, from the `enum` of its `kind`
+/// property in the CRD's schema for `version`. `path` is the field's path
+/// from the object root; array fields are walked through their `items`.
+/// `None` when the CRD, version or field is missing or the schema lists no
+/// enum (then any kind is accepted).
+pub fn accepted_kinds(crd: &Value, version: &str, path: &[&str]) -> Option<Vec<String>> {
+    let mut kind = path.to_vec();
+    kind.push("kind");
+    enum_values(crd, version, &kind)
 }
 
 /// One Deployment of a Flux controller, as far as the gate is concerned.
@@ -158,6 +187,67 @@ mod tests {
         );
         assert_eq!(accepted_kinds(&json!({}), "v1", &["spec"]), None);
         assert_eq!(accepted_kinds(&json!("not a crd"), "v1", &["spec"]), None);
+    }
+
+    /// The ExternalArtifact CRD of source-controller v1.9 (no
+    /// `exportedInputs`) and of v1.10 (with it), as far as the status goes.
+    fn external_artifact(inputs: bool, served: bool) -> Value {
+        let mut status = json!({"artifact": {"type": "object"}, "conditions": {"type": "array",
+            "items": {"type": "object"}}});
+        if inputs {
+            status["exportedInputs"] = json!({"type": "object", "additionalProperties":
+                {"x-kubernetes-preserve-unknown-fields": true}});
+        }
+        json!({"spec": {"versions": [{"name": "v1", "served": served, "schema": {"openAPIV3Schema": {
+            "type": "object", "properties": {"status": {"type": "object", "properties": status}}
+        }}}]}})
+    }
+
+    /// One row: CRD, version, path, whether the field is there.
+    #[test]
+    fn fields_are_found_in_served_versions_only() {
+        let inputs: &[&str] = &["status", "exportedInputs"];
+        let rows: Vec<(Value, &str, &[&str], bool)> = vec![
+            (external_artifact(true, true), "v1", inputs, true),
+            (external_artifact(false, true), "v1", inputs, false),
+            (external_artifact(true, false), "v1", inputs, false),
+            (external_artifact(true, true), "v2", inputs, false),
+            (
+                external_artifact(true, true),
+                "v1",
+                &["status", "artifact"],
+                true,
+            ),
+            (external_artifact(true, true), "v1", &["status"], true),
+            (external_artifact(true, true), "v1", &["spec"], false),
+            // Through the items of a list.
+            (
+                external_artifact(false, true),
+                "v1",
+                &["status", "conditions"],
+                true,
+            ),
+            (json!({}), "v1", inputs, false),
+            (json!("not a crd"), "v1", inputs, false),
+        ];
+        for (i, (crd, version, path, want)) in rows.into_iter().enumerate() {
+            assert_eq!(has_field(&crd, version, path), want, "row {i}: {path:?}");
+        }
+    }
+
+    #[test]
+    fn enum_values_of_a_plain_field() {
+        let rsip = crd(
+            "v1",
+            json!({"type": {"type": "string", "enum": ["Static", "GitHubBranch", "ExternalArtifact"]}}),
+        );
+        assert_eq!(
+            enum_values(&rsip, "v1", &["spec", "type"]).unwrap(),
+            ["Static", "GitHubBranch", "ExternalArtifact"]
+        );
+        let free = crd("v1", json!({"type": {"type": "string"}}));
+        assert_eq!(enum_values(&free, "v1", &["spec", "type"]), None);
+        assert_eq!(enum_values(&rsip, "v1", &["spec", "url"]), None);
     }
 
     fn deployment(args: Value, generation: i64, status: Value) -> Value {

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::cluster::evidence::{accepted_kinds, controller_gate, deployment_gate, DeploymentGate};
+use crate::cluster::listers::LISTERS;
 use crate::cluster::target::{
     choose, Choice, ClusterFacts, ConsumerFacts, ExportMode, Gate, NoTarget, Target, OCI_REPOSITORY,
 };
@@ -24,6 +25,8 @@ pub struct Reading {
     pub cluster: ClusterFacts,
     /// Each consumer's CRD by consumer kind; absent: not served.
     pub crds: BTreeMap<&'static str, Value>,
+    /// Each lister's CRD by its kind ([`LISTERS`]); absent: not served.
+    pub lister_crds: BTreeMap<&'static str, Value>,
     /// Deployments of Flux controllers by their component label.
     pub deployments: BTreeMap<String, Vec<Value>>,
     /// Whether Deployments could be read at all (RBAC, namespace).
@@ -38,7 +41,8 @@ pub struct Facts {
     /// Whether a first reading was made; until then nothing is decided.
     pub synced: bool,
     pub cluster: ClusterFacts,
-    /// One entry per consumer kind whose CRD is served.
+    /// One entry per consumer kind whose CRD is served, and per lister
+    /// ([`LISTERS`]) whose CRD offers to read ExternalArtifacts.
     pub choices: BTreeMap<&'static str, Result<Choice, NoTarget>>,
     /// Namespaced kinds the cluster serves, and the API groups of each.
     pub kinds: BTreeMap<String, BTreeSet<String>>,
@@ -58,6 +62,15 @@ impl Facts {
             facts_of.insert(consumer.kind, facts);
         }
         share_shadows(mode, &reading.cluster, &facts_of, &mut choices);
+        for lister in LISTERS.iter() {
+            let choice = reading
+                .lister_crds
+                .get(lister.kind)
+                .and_then(|crd| lister.choose(mode, &reading.cluster, crd));
+            if let Some(choice) = choice {
+                choices.insert(lister.kind, choice);
+            }
+        }
         Self {
             synced: true,
             cluster: reading.cluster.clone(),
@@ -108,6 +121,16 @@ impl Facts {
         self.choices
             .values()
             .filter_map(|c| c.as_ref().ok())
+            .map(|c| c.target)
+            .collect()
+    }
+
+    /// The targets consumers with references (the webhook rewrites) use:
+    /// what an Artifact's `status.exportedRef` names first.
+    pub fn reference_targets(&self) -> BTreeSet<Target> {
+        CONSUMERS
+            .iter()
+            .filter_map(|c| self.choices.get(c.kind)?.as_ref().ok())
             .map(|c| c.target)
             .collect()
     }
@@ -237,6 +260,7 @@ mod tests {
             cluster: ClusterFacts {
                 external_artifact_served: true,
                 oci_repository: Some(OciVersion::V1),
+                exported_inputs: false,
             },
             deployments_visible: true,
             ..Reading::default()
@@ -336,6 +360,60 @@ mod tests {
             target_of(&facts, "Kustomization"),
             Some(Target::Shadow(OciVersion::V1))
         );
+    }
+
+    fn rsip_crd(types: &[&str]) -> Value {
+        json!({"spec": {"versions": [{"name": "v1", "served": true, "schema": {"openAPIV3Schema": {
+            "type": "object",
+            "properties": {"spec": {"type": "object", "properties": {"type": {"type": "string", "enum": types}}}},
+        }}}]}})
+    }
+
+    /// One row: gate on, flux-operator's CRD (with or without the
+    /// ExternalArtifact provider), the targets in use.
+    #[test]
+    fn flux_operator_gets_external_artifacts_whatever_the_gate() {
+        use Target::*;
+        let v1 = Shadow(OciVersion::V1);
+        let with: &[&str] = &["Static", "ExternalArtifact"];
+        let without: &[&str] = &["Static", "GitHubBranch"];
+        #[rustfmt::skip]
+        let rows: Vec<(bool, Option<&[&str]>, BTreeSet<Target>)> = vec![
+            (false, None, BTreeSet::from([v1])),
+            (false, Some(with), BTreeSet::from([v1, ExternalArtifact])),
+            (true, Some(with), BTreeSet::from([ExternalArtifact])),
+            (false, Some(without), BTreeSet::from([v1])),
+        ];
+        for (i, (gate_on, rsip, want)) in rows.into_iter().enumerate() {
+            let mut reading = flux29(gate_on, false);
+            if let Some(types) = rsip {
+                reading
+                    .lister_crds
+                    .insert("ResourceSetInputProvider", rsip_crd(types));
+            }
+            let facts = Facts::decide(ExportMode::Auto, &reading);
+            assert_eq!(facts.targets_in_use(), want, "row {i}");
+            let referenced = BTreeSet::from([if gate_on { ExternalArtifact } else { v1 }]);
+            assert_eq!(facts.reference_targets(), referenced, "row {i}");
+            // The consumers with references keep their own targets.
+            let ks = CONSUMERS
+                .iter()
+                .find(|c| c.kind == "Kustomization")
+                .unwrap();
+            let want_ks = if gate_on { ExternalArtifact } else { v1 };
+            assert_eq!(facts.target(ks).unwrap().target, want_ks, "row {i}");
+        }
+        // Forced shadows: flux-operator's need is said, not met.
+        let mut reading = flux29(false, false);
+        reading
+            .lister_crds
+            .insert("ResourceSetInputProvider", rsip_crd(with));
+        let facts = Facts::decide(ExportMode::Shadow, &reading);
+        assert_eq!(facts.targets_in_use(), BTreeSet::from([v1]));
+        let said = facts.choices["ResourceSetInputProvider"]
+            .as_ref()
+            .unwrap_err();
+        assert!(said.0.contains("--export=shadow"), "{said}");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //!   consumer kind (pure);
 //! - [`evidence`]: what the consumers' CRDs and the Flux controllers'
 //!   Deployments say, read from their JSON (pure);
+//! - [`listers`]: controllers that find ExternalArtifacts by name or
+//!   labels (flux-operator), for which an ExternalArtifact is exported
+//!   whatever the gates say (pure);
 //! - [`facts`]: everything read, decided into one choice per consumer kind
 //!   (pure);
 //! - [`survey`]: the shell that reads the cluster and keeps the facts where
@@ -15,5 +18,6 @@
 pub mod evidence;
 pub mod facts;
 pub mod gate;
+pub mod listers;
 pub mod survey;
 pub mod target;

@@ -26,8 +26,10 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch as channel, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::FLUX_SOURCE_GROUP;
+use crate::api::{StockSource, FLUX_SOURCE_GROUP};
+use crate::cluster::evidence::has_field;
 use crate::cluster::facts::{Facts, Reading};
+use crate::cluster::listers::LISTERS;
 use crate::cluster::target::{
     ClusterFacts, ExportMode, OciVersion, EXTERNAL_ARTIFACT, OCI_REPOSITORY,
 };
@@ -35,6 +37,10 @@ use crate::consumers::table::{Reader, CONSUMERS};
 use crate::locks;
 use crate::runtime::watch::WatchBackoff;
 use crate::telemetry::SyncGuard;
+
+/// Where an ExternalArtifact carries its producer's inputs (source-controller
+/// v1.10 and later).
+pub const EXPORTED_INPUTS: [&str; 2] = ["status", "exportedInputs"];
 
 /// The longest time between two readings.
 pub const SURVEY_PERIOD: Duration = Duration::from_secs(30);
@@ -222,6 +228,22 @@ async fn read(client: &Client, flux_namespace: &str) -> Result<Reading, kube::Er
             crds.insert(consumer.kind, serde_json::to_value(crd).unwrap_or_default());
         }
     }
+    let mut lister_crds = BTreeMap::new();
+    for lister in LISTERS.iter() {
+        if let Some(crd) = crd_api.get_opt(&lister.crd_name()).await? {
+            lister_crds.insert(lister.kind, serde_json::to_value(crd).unwrap_or_default());
+        }
+    }
+    if cluster.external_artifact_served {
+        let name = format!(
+            "{}.{FLUX_SOURCE_GROUP}",
+            StockSource::EXTERNAL_ARTIFACT.plural
+        );
+        if let Some(crd) = crd_api.get_opt(&name).await? {
+            let crd = serde_json::to_value(crd).unwrap_or_default();
+            cluster.exported_inputs = has_field(&crd, "v1", &EXPORTED_INPUTS);
+        }
+    }
     let deployment_api = Api::<Deployment>::namespaced(client.clone(), flux_namespace);
     let list = deployment_api
         .list(&ListParams::default().labels(&component_selector()))
@@ -251,6 +273,7 @@ async fn read(client: &Client, flux_namespace: &str) -> Result<Reading, kube::Er
     Ok(Reading {
         cluster,
         crds,
+        lister_crds,
         deployments,
         deployments_visible,
         kinds,

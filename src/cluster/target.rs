@@ -171,6 +171,9 @@ pub struct ClusterFacts {
     pub external_artifact_served: bool,
     /// The OCIRepository version openflux writes shadows as (the newest served).
     pub oci_repository: Option<OciVersion>,
+    /// Whether the served ExternalArtifact API has `status.exportedInputs`
+    /// (source-controller v1.10 and later), read from its CRD's schema.
+    pub exported_inputs: bool,
 }
 
 /// A choice and its reason.
@@ -326,6 +329,7 @@ mod tests {
         ClusterFacts {
             external_artifact_served: ea,
             oci_repository: oci,
+            exported_inputs: false,
         }
     }
 

@@ -40,9 +40,9 @@ use kube::ResourceExt;
 use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 
 pub use plan::{
-    conflict, desired_status, failure_message, former_export_names, managed_selector,
-    object_up_to_date, path_from_url, plan, requested_at, status_up_to_date, ExportPlan,
-    REQUESTED_AT,
+    conflict, describe_choices, desired_status, failure_message, former_export_names,
+    inputs_not_exported, managed_selector, object_up_to_date, path_from_url, plan, requested_at,
+    status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
@@ -186,9 +186,15 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    let (wanted, reasons) = {
+    let (wanted, referenced, reasons, inputs_served) = {
         let facts = locks::read(&ctx.facts);
-        (facts.targets_in_use(), describe_choices(&facts))
+        let (wanted, referenced) = (facts.targets_in_use(), facts.reference_targets());
+        (
+            wanted,
+            referenced,
+            describe_choices(&facts),
+            facts.cluster.exported_inputs,
+        )
     };
     if wanted.is_empty() {
         let msg = format!("no Flux consumer in this cluster can read a custom source: {reasons}");
@@ -231,7 +237,13 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         if let Some(requested) = &requested {
             request::forward(ctx, artifact, requested).await;
         }
-        let plan = match plan(artifact, &export_name, *target, &served.resource) {
+        let plan = match plan(
+            artifact,
+            &export_name,
+            *target,
+            &served.resource,
+            inputs_served,
+        ) {
             Ok(p) => ExportPlan {
                 handled: requested,
                 ..p
@@ -263,12 +275,25 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             Ok(false) => {}
             Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
         }
-        exported.push(ObjectReference {
+        let reference = ObjectReference {
             api_version: served.resource.api_version.clone(),
             kind: served.resource.kind.clone(),
             name: export_name.clone(),
             namespace: Some(namespace.to_string()),
-        });
+        };
+        // What consumers with references read comes first (exportedRef).
+        let at = exported
+            .iter()
+            .take_while(|e| referenced.iter().any(|t| t.kind() == e.kind))
+            .count();
+        exported.insert(
+            if referenced.contains(target) {
+                at
+            } else {
+                exported.len()
+            },
+            reference,
+        );
     }
     if let Err(e) = exporter
         .retire(artifact, &uid, namespace, &export_name, &wanted)
@@ -278,11 +303,14 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         return exporter.failed(artifact, &failed(&what, &e), e).await;
     }
     let kinds: Vec<&str> = exported.iter().map(|e| e.kind.as_str()).collect();
-    let msg = format!(
+    let mut msg = format!(
         "exported as {} {namespace}/{export_name} at revision '{}' ({reasons})",
         kinds.join(" and "),
         artifact.spec.revision
     );
+    if let Some(note) = inputs_not_exported(artifact, &wanted, inputs_served) {
+        msg = format!("{msg}; {note}");
+    }
     exporter
         .set_status(
             artifact,
@@ -301,23 +329,6 @@ fn api_message(error: &Error) -> String {
         }
         other => other.to_string(),
     }
-}
-
-/// The choices behind the targets, for the Artifact's message:
-/// `Kustomization: <reason>; HelmRelease: <reason>`.
-fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
-    if facts.choices.is_empty() {
-        return "no Flux consumer CRD (Kustomization, HelmRelease, ArtifactGenerator, Stack) is served".into();
-    }
-    let parts: Vec<String> = facts
-        .choices
-        .iter()
-        .map(|(kind, c)| match c {
-            Ok(c) => format!("{kind}: {}", c.reason),
-            Err(no) => format!("{kind}: {no}"),
-        })
-        .collect();
-    parts.join("; ")
 }
 
 impl Exporter {
@@ -350,7 +361,8 @@ impl Exporter {
                 let export = Export::new(&self.ctx, served, namespace, &old_name);
                 let kind = served.resource.kind.as_str();
                 if locks::read(&self.ctx.references).refers_to(namespace, kind, &old_name) {
-                    if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource) {
+                    let inputs = locks::read(&self.ctx.facts).cluster.exported_inputs;
+                    if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource, inputs) {
                         let latest = export.write_object(&plan, Some((*object).clone())).await?;
                         export.write_status(&plan, latest.as_ref()).await?;
                     }

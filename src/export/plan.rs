@@ -33,6 +33,9 @@ pub struct ExportPlan {
     /// openflux handed to the custom source: its status says it was handled
     /// (`lastHandledReconcileAt`), as Flux's own sources do.
     pub handled: Option<String>,
+    /// The producer's inputs, for `status.exportedInputs` of an
+    /// ExternalArtifact whose API has that field.
+    pub inputs: Option<Value>,
 }
 
 /// The annotation Flux's tools set to ask for a reconcile.
@@ -50,12 +53,14 @@ pub fn requested_at(object: &DynamicObject) -> Option<&str> {
 }
 
 /// Decides what `artifact` is exported as; `Err` says, for a person, why it
-/// cannot be exported. Pure.
+/// cannot be exported. `inputs_served`: whether the cluster's
+/// ExternalArtifact API has `status.exportedInputs`. Pure.
 pub fn plan(
     artifact: &Artifact,
     export_name: &str,
     target: Target,
     resource: &ApiResource,
+    inputs_served: bool,
 ) -> Result<ExportPlan, String> {
     let name = artifact.name_any();
     let namespace = artifact.namespace().unwrap_or_default();
@@ -161,7 +166,43 @@ pub fn plan(
         message: format!("stored artifact for revision '{}'", spec.revision),
         shadow: target.is_shadow(),
         handled: None,
+        inputs: exported_inputs(artifact, target, inputs_served),
     })
+}
+
+/// The producer's declared inputs as `status.exportedInputs` carries them:
+/// only on an ExternalArtifact whose API has the field (elsewhere the API
+/// server would drop them), and only when there are any.
+pub fn exported_inputs(artifact: &Artifact, target: Target, inputs_served: bool) -> Option<Value> {
+    let inputs = artifact.spec.exported_inputs.as_ref()?;
+    if inputs.is_empty() || !inputs_served || target != Target::ExternalArtifact {
+        return None;
+    }
+    Some(json!(inputs))
+}
+
+/// What the Artifact's `Ready` message says when its producer declared
+/// inputs that none of its exports can carry, and why; `None` when they
+/// are carried (or there are none).
+pub fn inputs_not_exported(
+    artifact: &Artifact,
+    targets: &std::collections::BTreeSet<Target>,
+    inputs_served: bool,
+) -> Option<String> {
+    if artifact
+        .spec
+        .exported_inputs
+        .as_ref()
+        .is_none_or(|i| i.is_empty())
+    {
+        return None;
+    }
+    if targets.contains(&Target::ExternalArtifact) {
+        return (!inputs_served).then(|| {
+            "its spec.exportedInputs are not exported: this cluster's ExternalArtifact API has no status.exportedInputs (source-controller v1.10 and later has it)".to_string()
+        });
+    }
+    Some("its spec.exportedInputs are not exported: a shadow OCIRepository has no field for them (an ExternalArtifact has, from source-controller v1.10)".to_string())
 }
 
 /// Every name `artifact` may have been exported under, by this release or
@@ -267,6 +308,9 @@ pub fn desired_status(
     if let (true, Some(handled)) = (plan.shadow, &plan.handled) {
         status["lastHandledReconcileAt"] = json!(handled);
     }
+    if let Some(inputs) = &plan.inputs {
+        status["exportedInputs"] = inputs.clone();
+    }
     status
 }
 
@@ -277,7 +321,15 @@ pub fn status_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
         return false;
     };
     let same = |field: &str| status.get(field) == desired.get(field);
-    if !same("artifact") || !same("observedGeneration") || !same("lastHandledReconcileAt") {
+    if ![
+        "artifact",
+        "observedGeneration",
+        "lastHandledReconcileAt",
+        "exportedInputs",
+    ]
+    .into_iter()
+    .all(same)
+    {
         return false;
     }
     let strip = |v: Option<&Value>| -> Vec<Value> {
@@ -328,6 +380,23 @@ pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> 
             "{kind} {ns}/{name} exists and is not managed by openflux; delete or rename it so openflux can export this Artifact"
         )
     })
+}
+
+/// The choices behind the targets, for the Artifact's message:
+/// `Kustomization: <reason>; HelmRelease: <reason>`.
+pub fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
+    if facts.choices.is_empty() {
+        return "no Flux consumer CRD (Kustomization, HelmRelease, ArtifactGenerator, Stack) is served".into();
+    }
+    let parts: Vec<String> = facts
+        .choices
+        .iter()
+        .map(|(kind, c)| match c {
+            Ok(c) => format!("{kind}: {}", c.reason),
+            Err(no) => format!("{kind}: {no}"),
+        })
+        .collect();
+    parts.join("; ")
 }
 
 /// Labels selecting the objects openflux exports.
@@ -412,6 +481,7 @@ mod tests {
             "httpsource-web",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         assert_eq!(p.object["kind"], "ExternalArtifact");
@@ -451,7 +521,14 @@ mod tests {
         let shadow = Target::Shadow(crate::cluster::target::OciVersion::V1);
         let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "OCIRepository");
         let resource = ApiResource::from_gvk_with_plural(&gvk, "ocirepositories");
-        let p = plan(&artifact(true, Some(digest)), "web.x", shadow, &resource).unwrap();
+        let p = plan(
+            &artifact(true, Some(digest)),
+            "web.x",
+            shadow,
+            &resource,
+            false,
+        )
+        .unwrap();
         assert!(p.shadow);
         assert_eq!(p.object["kind"], "OCIRepository");
         assert_eq!(p.object["metadata"]["labels"][SHADOW_LABEL], "true");
@@ -478,11 +555,73 @@ mod tests {
             "web.x",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         assert!(desired_status(None, &ea, Some(3))
             .get("observedGeneration")
             .is_none());
+    }
+
+    /// One row: declared inputs, target, whether the API has the field,
+    /// the `status.exportedInputs` the export carries, and whether the
+    /// Artifact's message says they were not exported.
+    #[test]
+    fn declared_inputs_reach_external_artifacts_whose_api_has_the_field() {
+        let shadow = Target::Shadow(crate::cluster::target::OciVersion::V1);
+        let ea = Target::ExternalArtifact;
+        let inputs = json!({"tenant": "team-a", "replicas": 3, "regions": ["eu", "us"], "db": {"tier": "gold"}});
+        #[rustfmt::skip]
+        let rows: Vec<(Option<Value>, Target, bool, Option<Value>, bool)> = vec![
+            (Some(inputs.clone()), ea, true, Some(inputs.clone()), false),
+            (Some(inputs.clone()), ea, false, None, true),
+            (Some(inputs.clone()), shadow, true, None, true),
+            (Some(json!({})), ea, true, None, false),
+            (None, ea, true, None, false),
+            (None, shadow, false, None, false),
+        ];
+        for (i, (declared, to, served, want, noted)) in rows.into_iter().enumerate() {
+            let mut a = artifact(true, Some("sha256:abc"));
+            a.spec.exported_inputs = declared.map(|v| serde_json::from_value(v).unwrap());
+            let resource = match to {
+                Target::ExternalArtifact => target(),
+                Target::Shadow(_) => ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "OCIRepository"),
+                    "ocirepositories",
+                ),
+            };
+            let p = plan(&a, "web.x", to, &resource, served).unwrap();
+            let status = desired_status(None, &p, Some(1));
+            assert_eq!(status.get("exportedInputs").cloned(), want, "row {i}");
+            let targets = std::collections::BTreeSet::from([to]);
+            let note = inputs_not_exported(&a, &targets, served);
+            assert_eq!(note.is_some(), noted, "row {i}: {note:?}");
+        }
+    }
+
+    #[test]
+    fn a_change_of_inputs_is_a_change_of_status() {
+        let mut a = artifact(true, Some("sha256:abc"));
+        a.spec.exported_inputs = Some([("env".to_string(), json!("dev"))].into());
+        let p = plan(&a, "web.x", Target::ExternalArtifact, &target(), true).unwrap();
+        let mut current = dynamic(p.object.clone());
+        current.data["status"] = desired_status(None, &p, Some(1));
+        assert!(status_up_to_date(
+            &current,
+            &desired_status(Some(&current), &p, Some(1))
+        ));
+        a.spec.exported_inputs = Some([("env".to_string(), json!("prod"))].into());
+        let changed = plan(&a, "web.x", Target::ExternalArtifact, &target(), true).unwrap();
+        assert!(!status_up_to_date(
+            &current,
+            &desired_status(Some(&current), &changed, Some(1))
+        ));
+        // Inputs withdrawn: the field goes.
+        a.spec.exported_inputs = None;
+        let gone = plan(&a, "web.x", Target::ExternalArtifact, &target(), true).unwrap();
+        let desired = desired_status(Some(&current), &gone, Some(1));
+        assert!(desired.get("exportedInputs").is_none());
+        assert!(!status_up_to_date(&current, &desired));
     }
 
     #[test]
@@ -492,6 +631,7 @@ mod tests {
             "artifact-web",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         assert_eq!(p.object["spec"]["sourceRef"]["kind"], "Artifact");
@@ -508,12 +648,13 @@ mod tests {
             "x",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap_err();
         assert!(err.contains("spec.digest is missing"), "{err}");
         let mut a = artifact(true, Some("sha256:abc"));
         a.spec.url = "file:///etc/passwd".into();
-        assert!(plan(&a, "x", Target::ExternalArtifact, &target())
+        assert!(plan(&a, "x", Target::ExternalArtifact, &target(), false)
             .unwrap_err()
             .contains("not an http"));
     }
@@ -536,6 +677,7 @@ mod tests {
             "httpsource-web",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         let mut current = dynamic(p.object.clone());
@@ -555,6 +697,7 @@ mod tests {
             "httpsource-web",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         assert!(!status_up_to_date(
@@ -570,6 +713,7 @@ mod tests {
             "httpsource-web",
             Target::ExternalArtifact,
             &target(),
+            false,
         )
         .unwrap();
         let ours = dynamic(p.object.clone());
