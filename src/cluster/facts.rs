@@ -377,8 +377,9 @@ mod tests {
         let v1 = Shadow(OciVersion::V1);
         let with: &[&str] = &["Static", "ExternalArtifact"];
         let without: &[&str] = &["Static", "GitHubBranch"];
+        type Row<'a> = (bool, Option<&'a [&'a str]>, BTreeSet<Target>);
         #[rustfmt::skip]
-        let rows: Vec<(bool, Option<&[&str]>, BTreeSet<Target>)> = vec![
+        let rows: Vec<Row> = vec![
             (false, None, BTreeSet::from([v1])),
             (false, Some(with), BTreeSet::from([v1, ExternalArtifact])),
             (true, Some(with), BTreeSet::from([ExternalArtifact])),

@@ -571,8 +571,9 @@ mod tests {
         let shadow = Target::Shadow(crate::cluster::target::OciVersion::V1);
         let ea = Target::ExternalArtifact;
         let inputs = json!({"tenant": "team-a", "replicas": 3, "regions": ["eu", "us"], "db": {"tier": "gold"}});
+        type Row = (Option<Value>, Target, bool, Option<Value>, bool);
         #[rustfmt::skip]
-        let rows: Vec<(Option<Value>, Target, bool, Option<Value>, bool)> = vec![
+        let rows: Vec<Row> = vec![
             (Some(inputs.clone()), ea, true, Some(inputs.clone()), false),
             (Some(inputs.clone()), ea, false, None, true),
             (Some(inputs.clone()), shadow, true, None, true),
