@@ -135,6 +135,16 @@ impl Facts {
             .collect()
     }
 
+    /// [`Self::targets_in_use`], those of consumers with references first:
+    /// the order an Artifact is exported in, its `status.exportedRef` the
+    /// first.
+    pub fn export_order(&self) -> Vec<Target> {
+        let referenced = self.reference_targets();
+        let mut order: Vec<Target> = referenced.iter().copied().collect();
+        order.extend(self.targets_in_use().difference(&referenced));
+        order
+    }
+
     /// The API groups serving a namespaced kind.
     pub fn groups_of(&self, kind: &str) -> Option<&BTreeSet<String>> {
         self.kinds.get(kind)
@@ -394,8 +404,14 @@ mod tests {
             }
             let facts = Facts::decide(ExportMode::Auto, &reading);
             assert_eq!(facts.targets_in_use(), want, "row {i}");
-            let referenced = BTreeSet::from([if gate_on { ExternalArtifact } else { v1 }]);
-            assert_eq!(facts.reference_targets(), referenced, "row {i}");
+            let referenced = if gate_on { ExternalArtifact } else { v1 };
+            assert_eq!(
+                facts.reference_targets(),
+                BTreeSet::from([referenced]),
+                "row {i}"
+            );
+            assert_eq!(facts.export_order().first(), Some(&referenced), "row {i}");
+            assert_eq!(facts.export_order().len(), want.len(), "row {i}");
             // The consumers with references keep their own targets.
             let ks = CONSUMERS
                 .iter()

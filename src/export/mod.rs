@@ -14,6 +14,7 @@
 
 pub mod census;
 mod events;
+pub mod message;
 pub mod plan;
 pub mod release;
 mod request;
@@ -39,10 +40,10 @@ use kube::runtime::{watcher, Controller};
 use kube::ResourceExt;
 use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 
+pub use message::{describe_choices, exported_message, failure_message, inputs_not_exported};
 pub use plan::{
-    conflict, describe_choices, desired_status, failure_message, former_export_names,
-    inputs_not_exported, managed_selector, object_up_to_date, path_from_url, plan, requested_at,
-    status_up_to_date, ExportPlan, REQUESTED_AT,
+    conflict, desired_status, former_export_names, managed_selector, object_up_to_date,
+    path_from_url, plan, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
@@ -186,16 +187,12 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    let (wanted, referenced, reasons, inputs_served) = {
+    let (order, reasons, inputs_served) = {
         let facts = locks::read(&ctx.facts);
-        let (wanted, referenced) = (facts.targets_in_use(), facts.reference_targets());
-        (
-            wanted,
-            referenced,
-            describe_choices(&facts),
-            facts.cluster.exported_inputs,
-        )
+        let inputs = facts.cluster.exported_inputs;
+        (facts.export_order(), describe_choices(&facts), inputs)
     };
+    let wanted: BTreeSet<Target> = order.iter().copied().collect();
     if wanted.is_empty() {
         let msg = format!("no Flux consumer in this cluster can read a custom source: {reasons}");
         exporter
@@ -214,7 +211,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
     let namespace = &indexed.key.namespace;
     let uid = artifact.uid().unwrap_or_default();
     let mut exported: Vec<ObjectReference> = Vec::new();
-    for target in &wanted {
+    for target in &order {
         let Some(served) = exporter.targets.get(target) else {
             let msg = format!("{target} is not served by this cluster (yet); waiting for it");
             exporter
@@ -275,25 +272,12 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             Ok(false) => {}
             Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
         }
-        let reference = ObjectReference {
+        exported.push(ObjectReference {
             api_version: served.resource.api_version.clone(),
             kind: served.resource.kind.clone(),
             name: export_name.clone(),
             namespace: Some(namespace.to_string()),
-        };
-        // What consumers with references read comes first (exportedRef).
-        let at = exported
-            .iter()
-            .take_while(|e| referenced.iter().any(|t| t.kind() == e.kind))
-            .count();
-        exported.insert(
-            if referenced.contains(target) {
-                at
-            } else {
-                exported.len()
-            },
-            reference,
-        );
+        });
     }
     if let Err(e) = exporter
         .retire(artifact, &uid, namespace, &export_name, &wanted)
@@ -302,15 +286,8 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         let what = format!("an earlier export of this Artifact in {namespace}");
         return exporter.failed(artifact, &failed(&what, &e), e).await;
     }
-    let kinds: Vec<&str> = exported.iter().map(|e| e.kind.as_str()).collect();
-    let mut msg = format!(
-        "exported as {} {namespace}/{export_name} at revision '{}' ({reasons})",
-        kinds.join(" and "),
-        artifact.spec.revision
-    );
-    if let Some(note) = inputs_not_exported(artifact, &wanted, inputs_served) {
-        msg = format!("{msg}; {note}");
-    }
+    let note = inputs_not_exported(artifact, &wanted, inputs_served);
+    let msg = exported_message(&exported, &export_name, artifact, &reasons, note);
     exporter
         .set_status(
             artifact,

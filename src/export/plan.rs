@@ -181,30 +181,6 @@ pub fn exported_inputs(artifact: &Artifact, target: Target, inputs_served: bool)
     Some(json!(inputs))
 }
 
-/// What the Artifact's `Ready` message says when its producer declared
-/// inputs that none of its exports can carry, and why; `None` when they
-/// are carried (or there are none).
-pub fn inputs_not_exported(
-    artifact: &Artifact,
-    targets: &std::collections::BTreeSet<Target>,
-    inputs_served: bool,
-) -> Option<String> {
-    if artifact
-        .spec
-        .exported_inputs
-        .as_ref()
-        .is_none_or(|i| i.is_empty())
-    {
-        return None;
-    }
-    if targets.contains(&Target::ExternalArtifact) {
-        return (!inputs_served).then(|| {
-            "its spec.exportedInputs are not exported: this cluster's ExternalArtifact API has no status.exportedInputs (source-controller v1.10 and later has it)".to_string()
-        });
-    }
-    Some("its spec.exportedInputs are not exported: a shadow OCIRepository has no field for them (an ExternalArtifact has, from source-controller v1.10)".to_string())
-}
-
 /// Every name `artifact` may have been exported under, by this release or
 /// an earlier one: its source's export and its own (whichever it is now),
 /// the names earlier releases gave both, and the export its status records
@@ -233,12 +209,6 @@ pub fn former_export_names(artifact: &Artifact) -> std::collections::BTreeSet<St
         names.insert(recorded.name.clone());
     }
     names
-}
-
-/// The message of an Artifact whose export failed: what was being written
-/// and what the API server answered.
-pub fn failure_message(what: &str, answer: &str) -> String {
-    format!("writing {what} failed, will retry: {answer}")
 }
 
 /// The path part of `url` (no leading slash, no query), or `<name>.tar.gz`.
@@ -382,23 +352,6 @@ pub fn conflict(existing: &DynamicObject, artifact_uid: &str) -> Option<String> 
     })
 }
 
-/// The choices behind the targets, for the Artifact's message:
-/// `Kustomization: <reason>; HelmRelease: <reason>`.
-pub fn describe_choices(facts: &crate::cluster::facts::Facts) -> String {
-    if facts.choices.is_empty() {
-        return "no Flux consumer CRD (Kustomization, HelmRelease, ArtifactGenerator, Stack) is served".into();
-    }
-    let parts: Vec<String> = facts
-        .choices
-        .iter()
-        .map(|(kind, c)| match c {
-            Ok(c) => format!("{kind}: {}", c.reason),
-            Err(no) => format!("{kind}: {no}"),
-        })
-        .collect();
-    parts.join("; ")
-}
-
 /// Labels selecting the objects openflux exports.
 pub fn managed_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
@@ -408,6 +361,7 @@ pub fn managed_selector() -> String {
 mod tests {
     use super::*;
     use crate::api::ArtifactSpec;
+    use crate::export::message::inputs_not_exported;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::core::GroupVersionKind;
 
