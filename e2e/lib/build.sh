@@ -377,3 +377,97 @@ build_spiffe() {
   done
   echo "$dir"
 }
+
+# ------------------------------------------------- Go 1.27 extras ----
+# What the tests use beside a Flux line and that needs Go 1.27: flux-operator
+# (its operator command, for the ResourceSetInputProvider test) and the CRDs
+# of Flux 2.10's source-controller (its ExternalArtifact API). Only these
+# run the go command with GO_1_27_TOOLCHAIN (which it fetches from the module
+# proxy); everything else builds with GOTOOLCHAIN=local.
+
+go127_env() {
+  env GOTOOLCHAIN="$GO_1_27_TOOLCHAIN" CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" "$@"
+}
+
+# flux_operator: builds flux-operator into the cache (once per wrapper
+# module) with its CRDs beside it, and prints that directory:
+#   <dir>/flux-operator   the binary (run it with GODEBUG=fips140=on: it
+#                         refuses to start outside FIPS 140-3 mode, which its
+#                         release build turns on with GOFIPS140)
+#   <dir>/crds/           its config/crd/bases
+# The web UI (web/dist, built by npm in flux-operator's release) is not in
+# the module: the build uses a copy of the module with a placeholder page,
+# as flux_cli_module does for the flux CLI; the controllers are unchanged.
+flux_operator() {
+  local w=flux-operator dest dir tmp mod start rc=0
+  hash_wrapper "$w"
+  dest=$(binary_path flux-operator "$w")
+  dir=${dest%/*}
+  mkdir -p "$dir"
+  exec 8>"$dir/.lock"
+  flock -w 7200 8 || die "could not lock $dir/.lock"
+  if [ ! -x "$dest" ] || [ ! -f "$dir/crds/.done" ]; then
+    check_go
+    grep -Eq "^[[:space:]]*(require[[:space:]]+)?github\.com/controlplaneio-fluxcd/flux-operator ${FLUX_OPERATOR_VERSION}([[:space:]]|$)" \
+      "$E2E_DIR/go/$w/go.mod" || die "e2e/go/$w/go.mod does not require flux-operator $FLUX_OPERATOR_VERSION; run e2e/go/sync $w"
+    mod=$(cd "$E2E_DIR/go/$w" && go127_env go mod download -json github.com/controlplaneio-fluxcd/flux-operator |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -n "$mod" ] && [ -d "$mod/cmd/operator" ] || die "cannot find the source of flux-operator (module dir '$mod')"
+    tmp=$(mktemp -d "$dir/.build.XXXXXX")
+    cp -r "$mod" "$tmp/flux-operator"
+    chmod -R u+w "$tmp/flux-operator"
+    mkdir -p "$tmp/flux-operator/web/dist"
+    echo '<!doctype html><title>flux-operator</title><p>Built without its web UI.</p>' \
+      >"$tmp/flux-operator/web/dist/index.html"
+    cp "$E2E_DIR/go/$w/go.mod" "$E2E_DIR/go/$w/go.sum" "$tmp/"
+    go127_env go mod edit -replace="github.com/controlplaneio-fluxcd/flux-operator=$tmp/flux-operator" "$tmp/go.mod"
+    start=$(date +%s)
+    say "building flux-operator $FLUX_OPERATOR_VERSION with $GO_1_27_TOOLCHAIN (a cold build takes tens of minutes on 2 cores) ..."
+    heartbeat "flux-operator" "$start" &
+    HEARTBEAT_PID=$!
+    (cd "$E2E_DIR/go/$w" &&
+      go127_env go build -p "$GO_PARALLEL" -trimpath -ldflags "-s -w -X main.VERSION=${FLUX_OPERATOR_VERSION#v}" \
+        -modfile="$tmp/go.mod" -o "$tmp/flux-operator.bin" github.com/controlplaneio-fluxcd/flux-operator/cmd/operator) || rc=$?
+    kill "$HEARTBEAT_PID" 2>/dev/null || true
+    wait "$HEARTBEAT_PID" 2>/dev/null || true
+    HEARTBEAT_PID=
+    if [ $rc -ne 0 ]; then
+      rm -rf "$tmp"
+      die "building flux-operator failed after $(($(date +%s) - start))s (see the go output above)"
+    fi
+    rm -rf "$dir/crds"
+    mkdir -p "$dir/crds"
+    cp "$mod"/config/crd/bases/*.yaml "$dir/crds/"
+    chmod -R u+w "$dir/crds"
+    touch "$dir/crds/.done"
+    mv -f "$tmp/flux-operator.bin" "$dest"
+    rm -rf "$tmp"
+    say "built flux-operator in $(($(date +%s) - start))s"
+  fi
+  exec 8>&-
+  echo "$dir"
+}
+
+# flux_2_10_crds: the CRDs of source-controller FLUX_2_10_SOURCE_CONTROLLER_VERSION
+# (Flux 2.10's source API, whose ExternalArtifact has status.exportedInputs),
+# copied from its module into the cache; prints their directory. The module
+# is only read (its go.mod needs Go 1.27, hence GO_1_27_TOOLCHAIN), not built.
+flux_2_10_crds() {
+  local dir=$CACHE_ROOT/crds/source-controller-$FLUX_2_10_SOURCE_CONTROLLER_VERSION mod tmp
+  if [ ! -f "$dir/.done" ]; then
+    check_go
+    mkdir -p "$CACHE_ROOT/crds"
+    mod=$(cd "$CACHE_ROOT/crds" && go127_env go mod download -json \
+      "github.com/fluxcd/source-controller@$FLUX_2_10_SOURCE_CONTROLLER_VERSION" |
+      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [ -n "$mod" ] && [ -d "$mod/config/crd/bases" ] ||
+      die "no CRDs found for source-controller $FLUX_2_10_SOURCE_CONTROLLER_VERSION (module dir '$mod')"
+    tmp=$(mktemp -d "$CACHE_ROOT/crds/.copy.XXXXXX")
+    cp "$mod"/config/crd/bases/*.yaml "$tmp/"
+    chmod -R u+w "$tmp"
+    touch "$tmp/.done"
+    [ -f "$dir/.done" ] || rm -rf "$dir"
+    mv -T "$tmp" "$dir" 2>/dev/null || rm -rf "$tmp"
+  fi
+  echo "$dir"
+}
