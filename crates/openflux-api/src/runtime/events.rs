@@ -147,6 +147,23 @@ pub fn notification(
     }
 }
 
+/// The longest note the API server takes on an Event (bytes).
+pub const MAX_NOTE: usize = 1024;
+
+/// `message` as an Event's note: cut, at a character boundary, to end in
+/// `...` within [`MAX_NOTE`] bytes when longer (the API server refuses the
+/// whole Event otherwise). Notifications keep the whole message.
+pub fn event_note(message: &str) -> String {
+    if message.len() <= MAX_NOTE {
+        return message.to_string();
+    }
+    let mut end = MAX_NOTE - 3;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}
+
 /// Emits Kubernetes Events and, with a [`Notifier`], notifications.
 #[derive(Clone)]
 pub struct EventRecorder {
@@ -202,7 +219,7 @@ impl EventRecorder {
                 EventType::Normal
             },
             reason: event.reason.clone(),
-            note: Some(event.message.clone()),
+            note: Some(event_note(&event.message)),
             action: event.action.clone(),
             secondary: None,
         };

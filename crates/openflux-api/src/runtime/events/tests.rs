@@ -305,3 +305,26 @@ fn waits_grow_and_are_capped() {
     assert_eq!(waits, [1, 2, 4, 8, 16, 30]);
     assert_eq!(policy.wait(40), Duration::from_secs(30));
 }
+
+/// One row: message, expected note length and whether it was cut.
+#[test]
+fn notes_longer_than_the_api_server_takes_are_cut() {
+    let rows: Vec<(String, usize, bool)> = vec![
+        ("short".to_string(), 5, false),
+        ("a".repeat(MAX_NOTE), MAX_NOTE, false),
+        ("a".repeat(MAX_NOTE + 1), MAX_NOTE, true),
+        ("a".repeat(5 * MAX_NOTE), MAX_NOTE, true),
+        // A character across the cut is left out whole.
+        (
+            format!("{}é{}", "a".repeat(MAX_NOTE - 4), "b".repeat(10)),
+            MAX_NOTE - 1,
+            true,
+        ),
+    ];
+    for (i, (message, len, cut)) in rows.into_iter().enumerate() {
+        let note = event_note(&message);
+        assert_eq!(note.len(), len, "row {i}");
+        assert_eq!(note.ends_with("..."), cut, "row {i}");
+        assert!(message.starts_with(note.trim_end_matches("...")), "row {i}");
+    }
+}
