@@ -48,6 +48,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("mirror::plan", Layer::Pure),
     ("mirror::source", Layer::Pure),
     ("export::plan", Layer::Pure),
+    ("export::message", Layer::Pure),
     ("export::events", Layer::Pure),
     ("export::shadow", Layer::Pure),
     ("export::trust", Layer::Pure),

@@ -29,6 +29,7 @@ mod namespace;
 pub mod nodes;
 mod objects;
 pub mod openflux;
+pub mod operator;
 pub mod proxy;
 pub mod references;
 pub mod release;
