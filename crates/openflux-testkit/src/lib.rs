@@ -16,9 +16,8 @@
 //! was not started by `e2e/cluster` and without the `OPENFLUX_E2E_*`
 //! fixture variables, it fails with a message naming the missing variables;
 //! a control plane that cannot start fails it with the component that did
-//! not come up.
-//!
-//! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
+//! not come up. Waits are always bounded ([`wait_for`]); nothing sleeps to
+//! synchronize.
 #![allow(dead_code)]
 
 mod cells;
