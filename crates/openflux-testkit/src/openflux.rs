@@ -56,6 +56,22 @@ impl Openflux {
         if let Some(ns) = args.iter().find_map(|a| a.strip_prefix("--namespace=")) {
             crate::identity::grant_runtime_namespace(env, ns).await;
         }
+        // The ports are free when chosen but not held: another process may
+        // take one before openflux binds it. Then start again with others.
+        for _ in 0..3 {
+            let mut of = Self::spawn(name, args, kubeconfig.clone());
+            if of.wait_ready(name).await {
+                return of;
+            }
+            eprintln!(
+                "openflux ({name}): a port it was given was taken meanwhile; starting it again"
+            );
+            of.stop();
+        }
+        panic!("openflux ({name}): three starts in a row found a port taken");
+    }
+
+    fn spawn(name: &str, args: &[&str], kubeconfig: Option<PathBuf>) -> Self {
         let metrics_addr = free_addr();
         let health_addr = free_addr();
         let log = std::env::temp_dir().join(format!("{}.log", super::unique_name(name)));
@@ -81,30 +97,46 @@ impl Openflux {
             cmd.env("KUBECONFIG", kc);
         }
         let child = cmd.spawn().expect("starting openflux");
-        let mut of = Openflux {
+        Openflux {
             child: Some(child),
             metrics_addr,
             health_addr,
             log,
-        };
-        let health = of.health_addr;
+        }
+    }
+
+    /// Waits (bounded) until openflux reports ready: true, or false when one
+    /// of the ports it was given for metrics and health was taken.
+    async fn wait_ready(&mut self, name: &str) -> bool {
+        let health = self.health_addr;
+        let taken = [
+            format!("{}: Address already in use", self.metrics_addr),
+            format!("{health}: Address already in use"),
+        ];
         let what = format!("openflux ({name}) to be ready on {health}");
         // Fail fast with the log if the process exits.
         wait_for(&what, Duration::from_secs(60), || {
-            let exited = of.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
-            let log = of.log.clone();
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            let log = self.log.clone();
+            let taken = &taken;
             async move {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if taken.iter().any(|t| text.contains(t.as_str())) {
+                    return Some(false);
+                }
                 if let Some(status) = exited {
                     panic!("openflux exited early ({status}):\n{}", tail(&log, 40));
                 }
                 match http_get(health, "/readyz").await {
-                    Some((200, _)) => Some(()),
+                    Some((200, _)) => Some(true),
                     _ => None,
                 }
             }
         })
-        .await;
-        of
+        .await
     }
 
     /// The Prometheus text of `/metrics`.
