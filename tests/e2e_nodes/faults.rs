@@ -267,13 +267,7 @@ async fn a_rolling_update_to_a_new_image_under_admission_load_fails_no_request()
         tally.answered,
         tally.failures.len()
     );
-    assert!(
-        tally.failures.is_empty(),
-        "{} of {} admissions failed during the rolling update: {:?}",
-        tally.failures.len(),
-        tally.answered + tally.failures.len(),
-        tally.first_failures()
-    );
+    tally.assert_none_failed("the rolling update");
     assert!(tally.answered > 0, "no admission was made");
     ns.delete().await;
 }

@@ -44,6 +44,18 @@ impl Tally {
     pub fn first_failures(&self) -> Vec<&(Duration, String)> {
         self.failures.iter().take(5).collect()
     }
+
+    /// Fails the test, naming the first failures, when any admission failed
+    /// `during` (a phrase: "the upgrade").
+    pub fn assert_none_failed(&self, during: &str) {
+        assert!(
+            self.failures.is_empty(),
+            "{} of {} admissions failed during {during}: {:?}",
+            self.failures.len(),
+            self.answered + self.failures.len(),
+            self.first_failures()
+        );
+    }
 }
 
 /// Admissions of a Kustomization that references a custom source, each a

@@ -186,13 +186,7 @@ async fn three_replicas_as_pods_rotate_their_ca_under_admissions_without_a_failu
         tally.answered,
         tally.failures.len()
     );
-    assert!(
-        tally.failures.is_empty(),
-        "{} of {} admissions failed during the rotation: {:?}",
-        tally.failures.len(),
-        tally.answered + tally.failures.len(),
-        tally.first_failures()
-    );
+    tally.assert_none_failed("the rotation");
 
     // Both configurations trust the new CA.
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());

@@ -279,13 +279,7 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         tally.answered,
         tally.failures.len()
     );
-    assert!(
-        tally.failures.is_empty(),
-        "{} of {} admissions failed during the upgrade: {:?}",
-        tally.failures.len(),
-        tally.answered + tally.failures.len(),
-        tally.first_failures()
-    );
+    tally.assert_none_failed("the upgrade");
     for (consumer, (reference, artifact, spec)) in &after {
         let (_, old_artifact, old_spec) = &before[consumer];
         assert!(
