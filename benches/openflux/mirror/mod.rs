@@ -5,28 +5,34 @@
 //! - initial sync: openflux start to all N Artifacts seen by a watch;
 //!   baseline: N server-side applies of ConfigMaps at openflux's concurrency;
 //! - propagation: a status write to the Artifact's update seen by a watch;
-//!   baseline: the same watch client seeing the source's own update;
+//!   baselines: a two-hop relay of the same sources (`relay.rs`: the floor
+//!   of openflux's path), and the same watch client seeing the source's
+//!   own update (one hop);
 //! - API writes per change and per no-op status write, from openflux's
 //!   metrics and from the API server's;
-//! - peak RSS of the openflux process.
+//! - peak RSS of the openflux process, and of a restart with every Artifact
+//!   present (`restart.rs`) next to it.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use futures::{stream, StreamExt, TryStreamExt};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
-use crate::cluster::{self, MANAGER, SOURCE};
+use crate::cluster::{self, MANAGER};
 use crate::observe::{string_at, Observer};
 use crate::process::{self, Openflux};
 use crate::report::Report;
 use crate::stats::ms;
 
 mod figures;
+mod relay;
+mod restart;
+mod setup;
 
 use crate::support::Env;
 use figures::Measured;
+use relay::Relay;
+use setup::{artifact, source_name, timed_applies, write_status};
 
 pub struct Params {
     /// Numbers of sources, one run each.
@@ -45,86 +51,6 @@ pub struct Params {
     /// the last size are left to go away on their own (tens of minutes at
     /// 50,000 sources, and nothing left to measure).
     pub measured_after: bool,
-}
-
-/// The Flux finalizer, set at creation so source-controller has nothing to
-/// write on a suspended source.
-const FLUX_FINALIZER: &str = "finalizers.fluxcd.io";
-
-fn source_name(i: usize) -> String {
-    format!("repo-{i:05}")
-}
-
-/// A GitRepository `status.artifact` for `revision`.
-fn artifact(ns: &str, name: &str, revision: u64) -> Value {
-    let sha = format!("{revision:040x}");
-    let digest = format!("sha256:{:064x}", u128::from(revision) << 7 | 0x5eed);
-    let path = format!("gitrepository/{ns}/{name}/{sha}.tar.gz");
-    json!({
-        "digest": digest,
-        "lastUpdateTime": "2025-01-01T00:00:00Z",
-        "path": path,
-        "revision": format!("main@sha1:{sha}"),
-        "size": 1024,
-        "url": format!("http://127.0.0.1:9/{path}"),
-    })
-}
-
-fn status_body(artifact: &Value, message: &str) -> Value {
-    json!({
-        "apiVersion": SOURCE,
-        "kind": "GitRepository",
-        "status": {
-            "artifact": artifact,
-            "conditions": [{
-                "type": "Ready", "status": "True", "reason": "Bench",
-                "message": message, "lastTransitionTime": "2025-01-01T00:00:00Z",
-            }],
-        },
-    })
-}
-
-async fn write_status(
-    api: &Api<DynamicObject>,
-    name: &str,
-    artifact: &Value,
-    message: &str,
-) -> anyhow::Result<()> {
-    api.patch_status(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(status_body(artifact, message)),
-    )
-    .await
-    .with_context(|| format!("writing the status of GitRepository {name}"))?;
-    Ok(())
-}
-
-/// Time to server-side apply `n` objects made by `make(name, i)` with
-/// `concurrency` requests in flight.
-async fn timed_applies(
-    api: &Api<DynamicObject>,
-    n: usize,
-    concurrency: usize,
-    make: impl Fn(&str, usize) -> Value,
-) -> anyhow::Result<Duration> {
-    let make = &make;
-    let started = Instant::now();
-    stream::iter(0..n)
-        .map(|i| async move {
-            let name = format!("plain-{i:05}");
-            api.patch(
-                &name,
-                &PatchParams::apply(MANAGER),
-                &Patch::Apply(make(&name, i)),
-            )
-            .await
-            .with_context(|| format!("applying {name}"))
-        })
-        .buffer_unordered(concurrency)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
-    Ok(started.elapsed())
 }
 
 pub async fn run(env: &Env, p: &Params, report: &mut Report) -> anyhow::Result<()> {
@@ -209,27 +135,7 @@ async fn one_size(
     // The sources, suspended, with an artifact in their status.
     let repos = cluster::api(client, ns, &cluster::git_repositories());
     let setup = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let repos = repos.clone();
-            async move {
-                let name = source_name(i);
-                let obj: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": SOURCE, "kind": "GitRepository",
-                    "metadata": {"name": name, "namespace": ns, "finalizers": [FLUX_FINALIZER]},
-                    "spec": {"url": "http://127.0.0.1:9/none.git", "interval": "10m",
-                             "ref": {"branch": "main"}, "suspend": true},
-                }))?;
-                repos
-                    .create(&PostParams::default(), &obj)
-                    .await
-                    .with_context(|| format!("creating GitRepository {name}"))?;
-                write_status(&repos, &name, &artifact(ns, &name, i as u64 + 1), "set up").await
-            }
-        })
-        .buffer_unordered(p.setup_concurrency)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
+    setup::create_sources(&repos, ns, n, p.setup_concurrency).await?;
     eprintln!(
         "{section}: {n} GitRepositories with status.artifact written in {:.1}s",
         setup.elapsed().as_secs_f64()
@@ -276,8 +182,23 @@ async fn one_size(
     // Let the last writes and watch events settle.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    // The two-hop floor: a relay of the same sources into the plain
+    // namespace's Artifacts, running beside openflux from here on.
+    let relayed = Observer::start("relayed Artifact", relay::api(client, plain_ns), |o| {
+        string_at(o, "/spec/revision")
+    });
+    relayed.synced(Duration::from_secs(60)).await?;
+    let relay = Relay::start(
+        repos.clone(),
+        relay::api(client, plain_ns),
+        p.concurrent,
+        Duration::from_secs(120),
+    )
+    .await?;
+
     // Propagation of changes, one at a time.
     let of_before = of.metrics().await?;
+    let relay_before = relay.writes();
     let api_before = process::apiserver_metrics(client).await?;
     // What the initial sync cost per source, for the record.
     let sync_writes = (process::apiserver_writes(&api_before, "openflux.dev", "artifacts")
@@ -286,6 +207,7 @@ async fn one_size(
     let sync_reconciles = process::mirror_reconciles(&of_before) / n as f64;
     let mut via_openflux = Vec::with_capacity(p.samples);
     let mut via_source = Vec::with_capacity(p.samples);
+    let mut via_relay = Vec::with_capacity(p.samples);
     let mut revision = 1_000_000u64;
     for k in 0..p.samples {
         let i = (k * 7919 + 13) % n;
@@ -295,6 +217,7 @@ async fn one_size(
         let rev = next["revision"].as_str().unwrap_or_default().to_string();
         let seen_source = sources.expect(&name, &rev);
         let seen_artifact = artifacts.expect(&format!("gitrepository-{name}"), &rev);
+        let seen_relayed = relayed.expect(&relay::target_name(&name), &rev);
         let t0 = Instant::now();
         write_status(&repos, &name, &next, "changed").await?;
         let t_source = seen_source.wait(Duration::from_secs(30)).await?;
@@ -305,7 +228,9 @@ async fn one_size(
                 bail!("{e}\n{}", of.log_tail(30));
             }
         };
+        let t_relayed = seen_relayed.wait(Duration::from_secs(30)).await?;
         via_source.push(ms(t_source.duration_since(t0)));
+        via_relay.push(ms(t_relayed.duration_since(t0)));
         via_openflux.push(ms(t_artifact.duration_since(t0)));
         current[i] = next;
     }
@@ -316,8 +241,10 @@ async fn one_size(
     let of_writes = (process::mirrored_writes(&of_after, "GitRepository")
         - process::mirrored_writes(&of_before, "GitRepository"))
         / changes;
+    let relay_after = relay.writes();
     let api_writes = (process::apiserver_writes(&api_after, "openflux.dev", "artifacts")
-        - process::apiserver_writes(&api_before, "openflux.dev", "artifacts"))
+        - process::apiserver_writes(&api_before, "openflux.dev", "artifacts")
+        - (relay_after - relay_before))
         / changes;
 
     // Status writes that change no artifact: a condition message only.
@@ -355,8 +282,29 @@ async fn one_size(
         - process::mirrored_writes(&of_after, "GitRepository"))
         / noops;
     let api_noop_writes = (process::apiserver_writes(&api_noop, "openflux.dev", "artifacts")
-        - process::apiserver_writes(&api_after, "openflux.dev", "artifacts"))
+        - process::apiserver_writes(&api_after, "openflux.dev", "artifacts")
+        - (relay.writes() - relay_after))
         / noops;
+    drop(relay);
+    drop(relayed);
+    let first_peak_rss = of.peak_rss().map(|b| b as f64 / (1024.0 * 1024.0));
+    of.stop();
+
+    // A restart with every Artifact present.
+    let restart = restart::measure(
+        env,
+        &format!("bench-mirror-restart-{n}"),
+        &args,
+        n,
+        sync_timeout,
+    )
+    .await?;
+    eprintln!(
+        "{section}: restart: every source reconciled after {:.2}s, peak RSS {:.1} MiB (first start {:.1} MiB)",
+        restart.reconciled.as_secs_f64(),
+        restart.peak_rss.unwrap_or(f64::NAN),
+        first_peak_rss.unwrap_or(f64::NAN),
+    );
 
     let measured = Measured {
         present,
@@ -366,13 +314,14 @@ async fn one_size(
         sync_reconciles,
         via_openflux,
         via_source,
-        peak_rss: of.peak_rss().map(|b| b as f64 / (1024.0 * 1024.0)),
+        via_relay,
+        peak_rss: first_peak_rss,
+        restart,
         of_writes,
         api_writes,
         of_noop_writes,
         api_noop_writes,
     };
-    of.stop();
     drop(artifacts);
     drop(sources);
     figures::push(&section, n, &measured, report);

@@ -1,0 +1,122 @@
+//! What the mirror benchmark writes: the sources, their artifacts, and the
+//! plain writes its baselines time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::{stream, StreamExt, TryStreamExt};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+
+use crate::cluster::{MANAGER, SOURCE};
+
+/// The Flux finalizer, set at creation so source-controller has nothing to
+/// write on a suspended source.
+const FLUX_FINALIZER: &str = "finalizers.fluxcd.io";
+
+pub fn source_name(i: usize) -> String {
+    format!("repo-{i:05}")
+}
+
+/// A GitRepository `status.artifact` for `revision`.
+pub fn artifact(ns: &str, name: &str, revision: u64) -> Value {
+    let sha = format!("{revision:040x}");
+    let digest = format!("sha256:{:064x}", u128::from(revision) << 7 | 0x5eed);
+    let path = format!("gitrepository/{ns}/{name}/{sha}.tar.gz");
+    json!({
+        "digest": digest,
+        "lastUpdateTime": "2025-01-01T00:00:00Z",
+        "path": path,
+        "revision": format!("main@sha1:{sha}"),
+        "size": 1024,
+        "url": format!("http://127.0.0.1:9/{path}"),
+    })
+}
+
+fn status_body(artifact: &Value, message: &str) -> Value {
+    json!({
+        "apiVersion": SOURCE,
+        "kind": "GitRepository",
+        "status": {
+            "artifact": artifact,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "Bench",
+                "message": message, "lastTransitionTime": "2025-01-01T00:00:00Z",
+            }],
+        },
+    })
+}
+
+pub async fn write_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    artifact: &Value,
+    message: &str,
+) -> anyhow::Result<()> {
+    api.patch_status(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(status_body(artifact, message)),
+    )
+    .await
+    .with_context(|| format!("writing the status of GitRepository {name}"))?;
+    Ok(())
+}
+
+/// Time to server-side apply `n` objects made by `make(name, i)` with
+/// `concurrency` requests in flight.
+pub async fn timed_applies(
+    api: &Api<DynamicObject>,
+    n: usize,
+    concurrency: usize,
+    make: impl Fn(&str, usize) -> Value,
+) -> anyhow::Result<Duration> {
+    let make = &make;
+    let started = Instant::now();
+    stream::iter(0..n)
+        .map(|i| async move {
+            let name = format!("plain-{i:05}");
+            api.patch(
+                &name,
+                &PatchParams::apply(MANAGER),
+                &Patch::Apply(make(&name, i)),
+            )
+            .await
+            .with_context(|| format!("applying {name}"))
+        })
+        .buffer_unordered(concurrency)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Creates `n` suspended GitRepositories in `ns` and writes an artifact
+/// into the status of each, `concurrency` at a time.
+pub async fn create_sources(
+    repos: &Api<DynamicObject>,
+    ns: &str,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    stream::iter(0..n)
+        .map(|i| {
+            let repos = repos.clone();
+            async move {
+                let name = source_name(i);
+                let obj: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": SOURCE, "kind": "GitRepository",
+                    "metadata": {"name": name, "namespace": ns, "finalizers": [FLUX_FINALIZER]},
+                    "spec": {"url": "http://127.0.0.1:9/none.git", "interval": "10m",
+                             "ref": {"branch": "main"}, "suspend": true},
+                }))?;
+                repos
+                    .create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating GitRepository {name}"))?;
+                write_status(&repos, &name, &artifact(ns, &name, i as u64 + 1), "set up").await
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_for_each(|_| async { Ok(()) })
+        .await
+}
