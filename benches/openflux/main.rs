@@ -28,6 +28,7 @@ mod process;
 mod report;
 mod stats;
 mod webhook;
+mod webhook_setup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,7 +51,9 @@ usage: cargo bench --bench openflux -- [options]
   --concurrent N          openflux --concurrent and the baseline's concurrency (default 4)
   --webhook-seconds S     measured seconds per webhook run (default 5)
   --webhook-rate R        requests per second of the latency runs (default 1000)
-  --connections N         load generator connections (default 4)
+  --connections N         load generator connections, HTTP/1.1 (default 8)
+  --webhook-profile N     only the webhook's in-process router phase, N requests each
+                          (openflux, then the constant answer), for a profiler
   --webhook-log-level L   log filter of the webhook, as openflux run --log-level (default info)
 ";
 
@@ -96,6 +99,9 @@ pub struct WebhookParams {
     pub rounds: usize,
     /// Log filter the webhook runs with (`openflux run --log-level`).
     pub log_level: String,
+    /// Only the in-process router phase, this many requests each, for a
+    /// profiler ([`webhook_setup::profile`]).
+    pub profile: Option<usize>,
 }
 
 /// What `cargo test` does with this binary.
@@ -147,9 +153,10 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             seconds: if quick { 1.0 } else { 5.0 },
             warmup: if quick { 0.3 } else { 1.0 },
             rate: 1000.0,
-            connections: 4,
+            connections: 8,
             rounds: if quick { 1 } else { 2 },
             log_level: "info".to_string(),
+            profile: None,
         },
     };
     let mut mode = TestMode::Run;
@@ -184,6 +191,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             "--webhook-rate" => o.webhook.rate = value(&mut it)?.parse()?,
             "--connections" => o.webhook.connections = value(&mut it)?.parse()?,
             "--webhook-log-level" => o.webhook.log_level = value(&mut it)?,
+            "--webhook-profile" => o.webhook.profile = Some(value(&mut it)?.parse()?),
             "-h" | "--help" if bench => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -247,6 +255,15 @@ fn main() -> ExitCode {
             eprintln!("parse benchmark failed: {e:#}");
             failed.push(format!("parse: {e:#}"));
         }
+    }
+    if let Some(requests) = options.webhook.profile {
+        return match webhook_setup::profile(&options.webhook, requests) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("webhook profile failed: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if options.sections.contains(&Section::Webhook) {
         if let Err(e) = webhook::run(&options.webhook, &mut report) {

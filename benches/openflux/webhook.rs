@@ -9,133 +9,37 @@
 //! (`serve_tls`: axum on hyper, HTTP/1.1 and HTTP/2) with a router that
 //! answers a constant "allowed" AdmissionReview. The ratio is the cost of
 //! openflux's decision over the stack it runs on.
+//!
+//! Beside them, a static answer server: the same server again, answering
+//! every request with openflux's answer to one variant, precomputed. It
+//! receives and sends the same bytes as openflux and decides nothing: the
+//! floor of any webhook that answers what openflux answers.
+//!
+//! The load generator speaks HTTP/1.1 over several keep-alive connections
+//! (`--connections`, default 8), as the API server does: since Kubernetes
+//! 1.16 it calls webhooks over HTTP/1.1 and opens more connections for
+//! concurrent requests.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use axum::body::{Body, Bytes};
-use axum::extract::DefaultBodyLimit;
-use axum::http::header::CONTENT_TYPE;
-use axum::routing::post;
 use axum::Router;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use openflux::api::{Artifact, ArtifactSpec};
 use openflux::certs::{self, CertKeeper, CertSource};
-use openflux::index::{IndexedArtifact, OwnerIndex};
-use openflux::webhook::server::{router, serve_tls, AppState, MAX_BODY_BYTES, MUTATE_PATH};
-use openflux::webhook::{Options, WebhookMetrics};
+use openflux::webhook::server::{router, serve_tls, MUTATE_PATH};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tower::ServiceExt;
 
 use crate::loadgen::{self, Connection, Target};
 use crate::report::{Figure, Report};
 use crate::stats::{mean, summarize};
+use crate::webhook_setup::{
+    answer_of, baseline_router, bodies, init_logs, router_cost, state, static_router, VARIANTS,
+};
 use crate::WebhookParams;
-
-/// A recorded AdmissionReview: CREATE of a Kustomization referencing
-/// `HttpSource apps/web` (sources.openflux.dev/v1alpha1).
-const RECORDED: &str =
-    include_str!("../../tests/fixtures/admission/kustomization-create-custom.json");
-const SOURCE_API_VERSION: &str = "sources.openflux.dev/v1alpha1";
-const SOURCE_KIND: &str = "HttpSource";
-/// 100 namespaces of 100 custom sources, one Artifact each.
-const NAMESPACES: usize = 100;
-const SOURCES_PER_NAMESPACE: usize = 100;
-/// Distinct requests sent in turn.
-const VARIANTS: usize = 1024;
-
-/// The baseline's answer.
-const ALLOWED: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"00000000-0000-4000-8000-000000000000","allowed":true}}"#;
-
-fn namespace(i: usize) -> String {
-    format!("team-{i:02}")
-}
-
-fn source(i: usize) -> String {
-    format!("src-{i:03}")
-}
-
-/// The owner index the webhook answers from: 10,000 Artifacts.
-fn index() -> OwnerIndex {
-    let mut entries = Vec::with_capacity(NAMESPACES * SOURCES_PER_NAMESPACE);
-    for n in 0..NAMESPACES {
-        for s in 0..SOURCES_PER_NAMESPACE {
-            let (ns, src) = (namespace(n), source(s));
-            let mut a = Artifact::new(
-                &format!("{src}-latest"),
-                ArtifactSpec {
-                    url: format!("http://storage.example/{ns}/{src}.tar.gz"),
-                    revision: "v1".into(),
-                    digest: Some(format!("sha256:{:064x}", n * 1000 + s)),
-                    ..Default::default()
-                },
-            );
-            a.metadata.namespace = Some(ns.clone());
-            a.metadata.uid = Some(format!("artifact-{ns}-{src}"));
-            a.metadata.owner_references = Some(vec![OwnerReference {
-                api_version: SOURCE_API_VERSION.into(),
-                kind: SOURCE_KIND.into(),
-                name: src.clone(),
-                uid: format!("source-{ns}-{src}"),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]);
-            if let Some(entry) = IndexedArtifact::from_artifact(&a) {
-                entries.push(entry);
-            }
-        }
-    }
-    let mut index = OwnerIndex::new();
-    index.reset(entries);
-    index
-}
-
-/// The recorded review re-addressed to `VARIANTS` sources of the index.
-fn bodies() -> anyhow::Result<Vec<Bytes>> {
-    let recorded: Value = serde_json::from_str(RECORDED).context("the recorded review")?;
-    let mut bodies = Vec::with_capacity(VARIANTS);
-    for v in 0..VARIANTS {
-        let (ns, src) = (
-            namespace(v % NAMESPACES),
-            source((v * 37) % SOURCES_PER_NAMESPACE),
-        );
-        let mut review = recorded.clone();
-        let name = format!("app-{v}");
-        let set = |review: &mut Value, pointer: &str, value: &str| -> anyhow::Result<()> {
-            *review
-                .pointer_mut(pointer)
-                .with_context(|| format!("the recorded review has no {pointer}"))? =
-                Value::String(value.to_string());
-            Ok(())
-        };
-        set(
-            &mut review,
-            "/request/uid",
-            &format!("00000000-0000-4000-8000-{v:012}"),
-        )?;
-        set(&mut review, "/request/name", &name)?;
-        set(&mut review, "/request/namespace", &ns)?;
-        set(&mut review, "/request/object/metadata/name", &name)?;
-        set(&mut review, "/request/object/metadata/namespace", &ns)?;
-        set(&mut review, "/request/object/spec/sourceRef/name", &src)?;
-        bodies.push(Bytes::from(serde_json::to_vec(&review)?));
-    }
-    Ok(bodies)
-}
-
-fn baseline_router() -> Router {
-    Router::new()
-        .route(
-            MUTATE_PATH,
-            post(|_body: Bytes| async { ([(CONTENT_TYPE, "application/json")], ALLOWED) }),
-        )
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-}
 
 /// Serves `app` with `tls` on a loopback port of `runtime` until `stop`.
 fn start(
@@ -151,23 +55,6 @@ fn start(
     };
     let task = runtime.spawn(serve_tls(listener, tls, app, shutdown));
     Ok((addr, task))
-}
-
-/// CPU time per request of a router alone, called in process on this
-/// thread (no TLS, no HTTP parsing, no network), in microseconds.
-async fn router_cost(app: &Router, bodies: &[Bytes], requests: usize) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    for i in 0..requests {
-        let request = axum::http::Request::post(MUTATE_PATH)
-            .header(CONTENT_TYPE, "application/json")
-            .body(Body::from(bodies[i % bodies.len()].clone()))?;
-        let response = app.clone().oneshot(request).await?;
-        if !response.status().is_success() {
-            bail!("the router answered {}", response.status());
-        }
-        axum::body::to_bytes(response.into_body(), usize::MAX).await?;
-    }
-    Ok(started.elapsed().as_secs_f64() * 1e6 / requests as f64)
 }
 
 /// Every variant gets the answer the benchmark is about: openflux allows
@@ -187,14 +74,29 @@ async fn verify(target: &Arc<Target>, patched: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The servers measured side by side.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Openflux,
+    Baseline,
+    /// The same TLS server answering every request with openflux's answer
+    /// to the first variant, precomputed: the bytes in and out are
+    /// openflux's, the work between them none.
+    Static,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Openflux => "openflux",
+            Server::Baseline => "baseline",
+            Server::Static => "static answer",
+        }
+    }
+}
+
 pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
-    // `openflux run` logs at info by default: formatting its log lines is
-    // part of the cost (they are written to nowhere, so no terminal or disk
-    // speed is measured).
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(p.log_level.as_str())
-        .with_writer(std::io::sink)
-        .try_init();
+    init_logs(p);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let server = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores)
@@ -208,37 +110,32 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     .context("making the serving certificate")?;
     let tls = Arc::new(certs::server_config(keeper.resolver())?);
     let ca = keeper.ca_bundle().borrow().clone();
-    let index = index();
-    let indexed = index.len();
-    let facts = openflux::cluster::facts::Facts::everywhere(
-        openflux::cluster::target::Target::ExternalArtifact,
-        &[],
-    );
-    let state = AppState::new(
-        openflux::webhook::Knowledge {
-            index: Arc::new(RwLock::new(index)),
-            facts: Arc::new(RwLock::new(facts)),
-            ..Default::default()
-        },
-        WebhookMetrics::default(),
-        Options::default(),
-    );
+    let (state, indexed) = state();
+    let bodies = bodies()?;
     let (stop, stopped) = watch::channel(false);
     let in_process = (router(state.clone()), baseline_router());
+    let fixed = server.block_on(answer_of(&in_process.0, &bodies[0]))?;
     let (of_addr, of_task) = start(&server, tls.clone(), router(state), stopped.clone())?;
-    let (base_addr, base_task) = start(&server, tls, baseline_router(), stopped)?;
+    let (base_addr, base_task) = start(&server, tls.clone(), baseline_router(), stopped.clone())?;
+    let (static_addr, static_task) = start(&server, tls, static_router(fixed), stopped)?;
 
     let client_tls = loadgen::client_config(&ca)?;
     let name = ServerName::try_from("localhost")?;
-    let bodies = bodies()?;
-    let openflux = Target::new(
-        of_addr,
-        client_tls.clone(),
-        name.clone(),
-        MUTATE_PATH,
-        bodies.clone(),
-    );
-    let baseline = Target::new(base_addr, client_tls, name, MUTATE_PATH, bodies);
+    let target = |addr| {
+        Target::new(
+            addr,
+            client_tls.clone(),
+            name.clone(),
+            MUTATE_PATH,
+            bodies.clone(),
+        )
+    };
+    let (openflux, baseline, fixed) = (target(of_addr), target(base_addr), target(static_addr));
+    let target_of = |server: Server| match server {
+        Server::Openflux => &openflux,
+        Server::Baseline => &baseline,
+        Server::Static => &fixed,
+    };
 
     report.param("webhook.indexed_artifacts", indexed);
     report.param("webhook.distinct_requests", VARIANTS);
@@ -257,35 +154,46 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     let measured = client.block_on(async {
         verify(&openflux, true).await?;
         verify(&baseline, false).await?;
+        verify(&fixed, true).await?;
         let direct = (
             router_cost(&in_process.0, &openflux.bodies, direct_requests).await?,
             router_cost(&in_process.1, &openflux.bodies, direct_requests).await?,
         );
         let warmup = Duration::from_secs_f64(p.warmup);
         let duration = Duration::from_secs_f64(p.seconds);
-        let (mut sat_of, mut sat_base) = (Vec::new(), Vec::new());
+        let (mut sat_of, mut sat_base, mut sat_static) = (Vec::new(), Vec::new(), Vec::new());
         let (mut lat_of, mut lat_base, mut lag) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..p.rounds {
-            // Alternate the order, so neither always runs second.
-            let order = if round % 2 == 0 { [true, false] } else { [false, true] };
-            for is_openflux in order {
-                let target = if is_openflux { &openflux } else { &baseline };
-                let s = loadgen::saturate(target, p.connections, warmup, duration).await?;
+            // Alternate the order, so none always runs first or last.
+            let order = if round % 2 == 0 {
+                [Server::Openflux, Server::Baseline, Server::Static]
+            } else {
+                [Server::Static, Server::Baseline, Server::Openflux]
+            };
+            for server in order {
+                let s = loadgen::saturate(target_of(server), p.connections, warmup, duration)
+                    .await?;
                 eprintln!(
                     "webhook round {round}: {} saturated at {:.0} req/s ({} answers)",
-                    if is_openflux { "openflux" } else { "baseline" },
+                    server.name(),
                     s.per_second,
                     s.requests
                 );
-                if is_openflux { &mut sat_of } else { &mut sat_base }.push(s.per_second);
+                match server {
+                    Server::Openflux => &mut sat_of,
+                    Server::Baseline => &mut sat_base,
+                    Server::Static => &mut sat_static,
+                }
+                .push(s.per_second);
             }
-            for is_openflux in order {
-                let target = if is_openflux { &openflux } else { &baseline };
-                let r = loadgen::paced(target, p.connections, p.rate, warmup, duration).await?;
+            for server in order.into_iter().filter(|s| *s != Server::Static) {
+                let is_openflux = server == Server::Openflux;
+                let r = loadgen::paced(target_of(server), p.connections, p.rate, warmup, duration)
+                    .await?;
                 let s = summarize(r.latencies_ms.clone());
                 eprintln!(
                     "webhook round {round}: {} at {:.0} req/s: p50 {:.3} ms, p99 {:.3} ms (answered {:.0} req/s)",
-                    if is_openflux { "openflux" } else { "baseline" },
+                    server.name(),
                     r.rate,
                     s.p50,
                     s.p99,
@@ -295,15 +203,16 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
                 if is_openflux { &mut lat_of } else { &mut lat_base }.extend(r.latencies_ms);
             }
         }
-        anyhow::Ok((sat_of, sat_base, lat_of, lat_base, lag, direct))
+        anyhow::Ok((sat_of, sat_base, sat_static, lat_of, lat_base, lag, direct))
     });
     let _ = stop.send(true);
     let _ = server.block_on(async {
         let _ = of_task.await;
+        let _ = static_task.await;
         base_task.await
     });
     server.shutdown_timeout(Duration::from_secs(5));
-    let (sat_of, sat_base, lat_of, lat_base, lag, direct) = measured?;
+    let (sat_of, sat_base, sat_static, lat_of, lat_base, lag, direct) = measured?;
 
     let section = "webhook";
     let (t_of, t_base) = (mean(&sat_of), mean(&sat_base));
@@ -316,6 +225,19 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
         )
         .baseline(t_base)
         .target("ratio >= 0.80", t_of / t_base >= 0.80),
+    );
+    let t_static = mean(&sat_static);
+    report.push(
+        Figure::new(
+            section,
+            &format!(
+                "static answer server (same bytes, no decision), saturated, {} connections",
+                p.connections
+            ),
+            "req/s",
+            t_static,
+        )
+        .baseline(t_base),
     );
     let (of, base) = (summarize(lat_of.clone()), summarize(lat_base.clone()));
     let rate = p.rate;
@@ -368,6 +290,10 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
     report.samples(
         "webhook saturated throughput, baseline (req/s per round)",
         &sat_base,
+    );
+    report.samples(
+        "webhook saturated throughput, static answer server (req/s per round)",
+        &sat_static,
     );
     Ok(())
 }

@@ -105,8 +105,7 @@ fn answer_with(
     let name = request
         .object
         .as_ref()
-        .and_then(|o| o.pointer("/metadata/name"))
-        .and_then(|n| n.as_str())
+        .and_then(|o| o.get("metadata")?.get("name")?.as_str())
         .map(str::to_string)
         .or(request.name)
         .unwrap_or_default();

@@ -7,6 +7,7 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use axum::body::Bytes;
 use tokio::sync::oneshot;
 
 use super::review::{self, AdmissionRequest, ReviewError};
@@ -16,7 +17,7 @@ use super::review::{self, AdmissionRequest, ReviewError};
 pub const LARGE_PARSE_NICE: i32 = 10;
 
 type Job = (
-    Vec<u8>,
+    Bytes,
     oneshot::Sender<Result<AdmissionRequest, ReviewError>>,
 );
 
@@ -59,13 +60,13 @@ impl LargeParser {
     /// Parses `body` on the parsing thread, after the bodies queued before.
     pub async fn parse(
         &self,
-        body: Vec<u8>,
+        body: impl Into<Bytes>,
     ) -> Result<Result<AdmissionRequest, ReviewError>, ParserGone> {
         let (tx, rx) = oneshot::channel();
         self.jobs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send((body, tx))
+            .send((body.into(), tx))
             .map_err(|_| ParserGone)?;
         rx.await.map_err(|_| ParserGone)
     }

@@ -1,6 +1,7 @@
 //! What bounds the webhook's use of memory, CPU and the log, whatever its
 //! clients send:
 //!
+//! - [`read_body`]: no body over [`MAX_BODY_BYTES`] is buffered;
 //! - [`Admission`]: at most [`MAX_IN_FLIGHT`] requests are read and decided
 //!   at once; bodies over [`SMALL_BODY_BYTES`] also share a budget of
 //!   [`LARGE_BODY_BUDGET`] bytes (two maximum-size reviews: one parsed
@@ -13,6 +14,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Bytes;
+use axum::http::{header, HeaderMap};
+use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -30,6 +34,52 @@ pub const LARGE_QUEUE_WAIT: Duration = Duration::from_millis(500);
 /// Log lines about client input per window.
 pub const LOG_LINES_PER_WINDOW: u32 = 20;
 pub const LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// Largest request body accepted: the API server's own request limit.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Why a body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error("reading the request body: {0}")]
+    Read(#[from] axum::Error),
+}
+
+/// Reads a body, refusing it as soon as it passes `max` bytes: nothing over
+/// the limit is ever buffered. A body that arrives in one piece (a small
+/// review usually does) is kept as it came, without a copy.
+pub async fn read_body(body: axum::body::Body, max: usize) -> Result<Bytes, BodyError> {
+    let mut stream = body.into_data_stream();
+    let (mut first, mut out) = (Bytes::new(), Vec::new());
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if first.len() + out.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        if out.is_empty() && first.is_empty() {
+            first = chunk;
+        } else {
+            out.extend_from_slice(&std::mem::take(&mut first));
+            out.extend_from_slice(&chunk);
+        }
+    }
+    Ok(if out.is_empty() {
+        first
+    } else {
+        Bytes::from(out)
+    })
+}
+
+pub(super) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
 
 /// Permits for requests in flight.
 #[derive(Clone)]
@@ -82,6 +132,35 @@ impl Admission {
         Permit {
             _in_flight: in_flight.unwrap_or_else(|_| unreachable!("the semaphore is never closed")),
             _large: large,
+        }
+    }
+
+    /// [`Self::admit`] when there is room now, without waiting: the
+    /// common case, which then arms no timer for the wait.
+    pub fn try_admit(&self, declared: Option<u64>, max: u64) -> Option<Permit> {
+        let size = declared.unwrap_or(max).min(max);
+        let large = if size > SMALL_BODY_BYTES {
+            let units = size.div_ceil(UNIT).min(self.large_units);
+            let units = u32::try_from(units).unwrap_or(u32::MAX);
+            Some(self.large.clone().try_acquire_many_owned(units).ok()?)
+        } else {
+            None
+        };
+        let in_flight = self.in_flight.clone().try_acquire_owned().ok()?;
+        Some(Permit {
+            _in_flight: in_flight,
+            _large: large,
+        })
+    }
+
+    /// [`Self::admit`] within `wait`; `None` when there was no room in
+    /// time. Room now (the common case) arms no timer.
+    pub async fn enter(&self, declared: Option<u64>, max: u64, wait: Duration) -> Option<Permit> {
+        match self.try_admit(declared, max) {
+            Some(permit) => Some(permit),
+            None => tokio::time::timeout(wait, self.admit(declared, max))
+                .await
+                .ok(),
         }
     }
 
@@ -170,5 +249,30 @@ mod tests {
         let fifth =
             tokio::time::timeout(Duration::from_secs(1), admission.admit(Some(1), max)).await;
         assert!(fifth.is_err());
+        assert!(admission.try_admit(Some(1), max).is_none());
+    }
+
+    #[tokio::test]
+    async fn try_admit_takes_room_that_is_there_and_waits_for_none() {
+        let admission = Admission::new(2, 2 * 1024 * 1024);
+        let max = 3 * 1024 * 1024;
+        let big = admission
+            .try_admit(Some(2 * 1024 * 1024), max)
+            .expect("room");
+        // The large budget is spent, the count is not.
+        assert!(admission.try_admit(Some(1024 * 1024), max).is_none());
+        assert!(admission.try_admit(None, max).is_none());
+        assert_eq!(admission.available(), 1);
+        let small = admission.try_admit(Some(10), max).expect("a small one");
+        assert!(admission.try_admit(Some(10), max).is_none());
+        let waited = admission.enter(Some(10), max, Duration::from_millis(20));
+        assert!(waited.await.is_none());
+        drop((big, small));
+        let entered = admission.enter(Some(10), max, Duration::from_millis(20));
+        assert!(entered.await.is_some());
+        assert_eq!(admission.available(), 2);
+        let _again = admission
+            .try_admit(Some(1024 * 1024), max)
+            .expect("room again");
     }
 }

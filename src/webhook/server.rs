@@ -7,11 +7,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -24,7 +23,8 @@ use tracing::Instrument;
 pub use super::answer::{answer, answer_parsed, answer_validation, Answer};
 use super::decision::Options;
 use super::large::LargeParser;
-use super::limits::{Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
+use super::limits::{content_length, Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
+pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES};
 use super::metrics::WebhookMetrics;
 use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::View;
@@ -39,8 +39,6 @@ const JSON: header::HeaderValue = header::HeaderValue::from_static("application/
 pub const MUTATE_PATH: &str = "/mutate";
 /// Path the API server posts AdmissionReviews of the validating webhook to.
 pub const VALIDATE_PATH: &str = "/validate";
-/// Largest request body accepted: the API server's own request limit.
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Time a client gets to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client gets to send the headers of a request.
@@ -104,61 +102,29 @@ impl AppState {
     }
 }
 
-/// The webhook's routes.
+/// The webhook's routes. The state is shared behind one `Arc`, so a
+/// request clones one pointer, not each of its parts.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate))
         .route(VALIDATE_PATH, post(validate))
-        .with_state(state)
+        .with_state(Arc::new(state))
 }
 
-/// Why a body could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum BodyError {
-    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
-    TooLarge,
-    #[error("reading the request body: {0}")]
-    Read(#[from] axum::Error),
+async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    respond(&state, request, answer_parsed).await
 }
 
-/// Reads a body, refusing it as soon as it passes `max` bytes: nothing over
-/// the limit is ever buffered.
-pub async fn read_body(body: axum::body::Body, max: usize) -> Result<Vec<u8>, BodyError> {
-    let mut stream = body.into_data_stream();
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
-        if out.len() + chunk.len() > max {
-            return Err(BodyError::TooLarge);
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
-}
-
-async fn mutate(State(state): State<AppState>, request: Request) -> Response {
-    respond(state, request, answer_parsed).await
-}
-
-async fn validate(State(state): State<AppState>, request: Request) -> Response {
-    respond(state, request, answer_validation).await
+async fn validate(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    respond(&state, request, answer_validation).await
 }
 
 /// How a parsed body is answered: the mutating or the validating decision.
 type Answering = fn(Result<AdmissionRequest, ReviewError>, View<'_>, &Options) -> Answer;
 
-async fn respond(state: AppState, request: Request, answering: Answering) -> Response {
+async fn respond(state: &AppState, request: Request, answering: Answering) -> Response {
     let started = Instant::now();
-    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(&state, request, answering)).await;
+    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(state, request, answering)).await;
     let (answer, response) = match handled {
         Ok(Ok(mut answer)) => {
             let (status, json) = (answer.status, [(header::CONTENT_TYPE, JSON)]);
@@ -241,14 +207,12 @@ async fn handle(
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(Refused::TooLarge);
     }
-    let admitted = state.admission.admit(declared, MAX_BODY_BYTES as u64);
     let wait = match declared {
         Some(n) if n <= SMALL_BODY_BYTES => QUEUE_WAIT,
         _ => LARGE_QUEUE_WAIT,
     };
-    let _permit = tokio::time::timeout(wait, admitted)
-        .await
-        .map_err(|_| Refused::Busy)?;
+    let admitted = state.admission.enter(declared, MAX_BODY_BYTES as u64, wait);
+    let _permit = admitted.await.ok_or(Refused::Busy)?;
     let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
@@ -400,7 +364,7 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::body::Body;
+    use axum::body::{Body, Bytes};
     use axum::http::Request;
     use tower::ServiceExt;
 
@@ -452,6 +416,41 @@ mod tests {
         assert_eq!(answer["response"]["uid"], "u");
         assert_eq!(answer["response"]["allowed"], false);
         assert_eq!(answer["response"]["status"]["code"], 400);
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_whole_in_one_piece_or_many() {
+        let chunks = |parts: &[&'static [u8]]| {
+            let parts: Vec<Result<Bytes, std::io::Error>> =
+                parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
+            Body::from_stream(futures::stream::iter(parts))
+        };
+        let read = |parts: &[&'static [u8]], max| read_body(chunks(parts), max);
+        assert_eq!(read(&[], 10).await.unwrap(), Bytes::new());
+        assert_eq!(read(&[b"abc"], 3).await.unwrap(), "abc");
+        assert_eq!(read(&[b"", b"abc", b""], 3).await.unwrap(), "abc");
+        assert_eq!(read(&[b"ab", b"c", b"de"], 5).await.unwrap(), "abcde");
+        assert_eq!(read(&[b"ab", b"", b"cd"], 4).await.unwrap(), "abcd");
+        assert!(matches!(
+            read(&[b"abcd"], 3).await,
+            Err(BodyError::TooLarge)
+        ));
+        assert!(matches!(
+            read(&[b"ab", b"cd"], 3).await,
+            Err(BodyError::TooLarge)
+        ));
+        assert!(matches!(
+            read(&[b"a", b"b", b"c", b"d"], 3).await,
+            Err(BodyError::TooLarge)
+        ));
+        let failing = Body::from_stream(futures::stream::iter([
+            Ok(Bytes::from_static(b"ab")),
+            Err(std::io::Error::other("reset")),
+        ]));
+        assert!(matches!(
+            read_body(failing, 10).await,
+            Err(BodyError::Read(_))
+        ));
     }
 
     #[tokio::test]

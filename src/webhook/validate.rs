@@ -42,16 +42,13 @@ pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> 
     let Some(object) = request.object.as_ref().filter(|o| o.is_object()) else {
         return Decision::bad_request("the admission request carries no object");
     };
-    if object
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|t| !t.is_null())
-    {
+    if metadata_field(object, "deletionTimestamp").is_some_and(|t| !t.is_null()) {
         return Decision::Unchanged;
     }
     let Some(namespace) = namespace_of(request, object) else {
         return Decision::bad_request(format!("the {} has no namespace", consumer.kind));
     };
-    judge(consumer, object, None, &namespace, view, options)
+    judge(consumer, object, None, namespace, view, options)
 }
 
 /// The mutating webhook's own rewrite, judged as the validating webhook
@@ -67,7 +64,7 @@ pub fn check_rewrite(
     let object = request.object.as_ref()?;
     let namespace = namespace_of(request, object)?;
     let policies = view.policies;
-    if policies.synced && policies.knows(&namespace) && !policies.restricts(&namespace) {
+    if policies.synced && policies.knows(namespace) && !policies.restricts(namespace) {
         return None;
     }
     let mut rewritten = object.clone();
@@ -76,31 +73,28 @@ pub fn check_rewrite(
             "openflux could not apply its own rewrite to check it: {error}"
         )));
     }
-    match judge(
-        consumer,
-        &rewritten,
-        Some(object),
-        &namespace,
-        view,
-        options,
-    ) {
+    match judge(consumer, &rewritten, Some(object), namespace, view, options) {
         Decision::Unchanged => None,
         other => Some(other),
     }
 }
 
-fn namespace_of(request: &AdmissionRequest, object: &Value) -> Option<String> {
+/// `metadata.<field>` of an object (looked up by keys: a JSON pointer
+/// would allocate each of its tokens).
+fn metadata_field<'v>(object: &'v Value, field: &str) -> Option<&'v Value> {
+    object.get("metadata")?.get(field)
+}
+
+fn namespace_of<'r>(request: &'r AdmissionRequest, object: &'r Value) -> Option<&'r str> {
     request
         .namespace
         .as_deref()
         .filter(|s| !s.is_empty())
         .or_else(|| {
-            object
-                .pointer("/metadata/namespace")
+            metadata_field(object, "namespace")
                 .and_then(Value::as_str)
                 .filter(|s| !s.is_empty())
         })
-        .map(str::to_string)
 }
 
 /// Every reference of `object` that may name an export, judged. `original`
@@ -114,8 +108,7 @@ fn judge(
     view: View<'_>,
     options: &Options,
 ) -> Decision {
-    let name = object
-        .pointer("/metadata/name")
+    let name = metadata_field(object, "name")
         .and_then(Value::as_str)
         .unwrap_or("");
     let display = format!("{} {namespace}/{name}", consumer.kind);
@@ -185,7 +178,8 @@ fn judge(
                 format!("{} {ns}/{} (exported as {})", o.kind, o.name, r.name)
             })
             .unwrap_or_else(|| format!("{} {source_ns}/{}", r.kind, r.name));
-        if let Some(message) = policy::denial(&display, namespace, &found.label, &what, &verdict) {
+        let label = found.label.to_string();
+        if let Some(message) = policy::denial(&display, namespace, &label, &what, &verdict) {
             return Decision::Deny { message };
         }
     }

@@ -11,7 +11,6 @@
 //! a list becomes an empty list, so `get`, `is_object` and `is_null` say
 //! the same).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -27,16 +26,34 @@ use crate::export::trust::{EXPORT_INPUTS, WRITER_ANNOTATION};
 pub struct Keep {
     /// Keep the value as it is.
     whole: bool,
-    /// Otherwise keep these fields of an object.
-    fields: BTreeMap<&'static str, Keep>,
+    /// Otherwise keep these fields of an object: a handful, so a list
+    /// whose names are compared length first finds a key (or its absence)
+    /// with fewer comparisons than a map.
+    fields: Vec<(&'static str, Keep)>,
 }
 
 impl Keep {
     fn path(&mut self, path: &[&'static str]) {
-        match path.split_first() {
-            None => self.whole = true,
-            Some((first, rest)) => self.fields.entry(first).or_default().path(rest),
-        }
+        let Some((first, rest)) = path.split_first() else {
+            self.whole = true;
+            return;
+        };
+        let at = match self.fields.iter().position(|(name, _)| name == first) {
+            Some(at) => at,
+            None => {
+                self.fields.push((first, Keep::default()));
+                self.fields.len() - 1
+            }
+        };
+        self.fields[at].1.path(rest);
+    }
+
+    /// The field `name` is kept as, if it is.
+    fn field(&self, name: &str) -> Option<(&'static str, &Keep)> {
+        self.fields
+            .iter()
+            .find(|(kept, _)| kept.len() == name.len() && *kept == name)
+            .map(|(kept, keep)| (*kept, keep))
     }
 }
 
@@ -154,12 +171,22 @@ impl<'k> Visitor<'_> for KeySeed<'k> {
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self
-            .0
-            .fields
-            .get_key_value(v)
-            .map(|(name, keep)| (*name, keep)))
+        Ok(self.0.field(v))
     }
+}
+
+/// What openflux reads of `request.userInfo`: who wrote an Artifact
+/// ([`crate::export::trust::Writer::from_user_info`]). The rest (`extra`,
+/// a service account's credential and Pod) is skipped.
+pub fn user_keep() -> &'static Keep {
+    static KEEP: OnceLock<Keep> = OnceLock::new();
+    KEEP.get_or_init(|| {
+        let mut keep = Keep::default();
+        for field in ["username", "uid", "groups"] {
+            keep.path(&[field]);
+        }
+        keep
+    })
 }
 
 /// `serde(deserialize_with)` for an optional object read through
@@ -167,7 +194,21 @@ impl<'k> Visitor<'_> for KeySeed<'k> {
 pub fn pruned_object<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Value>, D::Error> {
-    struct Optional;
+    optional(deserializer, object_keep())
+}
+
+/// `serde(deserialize_with)` for an optional `userInfo` read through
+/// [`user_keep`].
+pub fn pruned_user<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    optional(deserializer, user_keep())
+}
+
+/// `null` or absent: `None`; anything else pruned by `keep`.
+fn optional<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    keep: &'static Keep,
+) -> Result<Option<Value>, D::Error> {
+    struct Optional(&'static Keep);
     impl<'de> Visitor<'de> for Optional {
         type Value = Option<Value>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -180,10 +221,10 @@ pub fn pruned_object<'de, D: Deserializer<'de>>(
             Ok(None)
         }
         fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            Pruned(object_keep()).deserialize(d).map(Some)
+            Pruned(self.0).deserialize(d).map(Some)
         }
     }
-    deserializer.deserialize_option(Optional)
+    deserializer.deserialize_option(Optional(keep))
 }
 
 #[cfg(test)]
@@ -227,5 +268,45 @@ mod tests {
             assert_eq!(prune(&json!({"spec": spec})), json!({"spec": kept}));
         }
         assert_eq!(prune(&json!([1, 2])), json!([]));
+    }
+}
+
+#[cfg(test)]
+mod user_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(json: &str) -> Option<Value> {
+        pruned_user(&mut serde_json::Deserializer::from_str(json)).unwrap()
+    }
+
+    #[test]
+    fn keeps_who_the_user_is_and_skips_the_rest() {
+        let user = r#"{"username": "system:serviceaccount:a:b", "uid": "u", "groups": ["g1", "g2"],
+                       "extra": {"authentication.kubernetes.io/pod-name": ["p"], "deep": [[[[{"x": "\u00e9"}]]]]}}"#;
+        assert_eq!(
+            read(user),
+            Some(
+                json!({"username": "system:serviceaccount:a:b", "uid": "u", "groups": ["g1", "g2"]})
+            )
+        );
+        assert_eq!(read("null"), None);
+        assert_eq!(read(r#""text""#), Some(json!("text")));
+        assert_eq!(read("{}"), Some(json!({})));
+        // What is kept is kept whole, whatever its type.
+        assert_eq!(
+            read(r#"{"username": {"a": [1]}, "groups": "g"}"#),
+            Some(json!({"username": {"a": [1]}, "groups": "g"}))
+        );
+        for broken in [
+            r#"{"username": "a""#,
+            r#"{"extra": [}"#,
+            r#"{"extra": "\q"}"#,
+        ] {
+            assert!(
+                pruned_user(&mut serde_json::Deserializer::from_str(broken)).is_err(),
+                "{broken}"
+            );
+        }
     }
 }

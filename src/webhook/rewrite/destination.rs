@@ -25,7 +25,7 @@ pub(super) struct Resolver<'a> {
     pub(super) facts: &'a Facts,
     pub(super) consumer: &'static Consumer,
     /// `Kind ns/name` of the object.
-    pub(super) display: &'a str,
+    pub(super) display: &'a dyn std::fmt::Display,
 }
 
 impl Resolver<'_> {

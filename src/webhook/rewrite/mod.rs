@@ -41,7 +41,7 @@ pub mod writer;
 
 use destination::Resolver;
 pub use refs::SourceRef;
-use refs::{annotation_of, annotation_op, compact, locate, Located};
+use refs::{annotation_of, annotation_op, compact, locate, Located, Subject};
 
 /// What a decision reads besides the request: the owner index and the
 /// export targets, both kept up to date by the watches.
@@ -67,9 +67,11 @@ pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> 
 }
 
 /// A reference that gets rewritten.
-struct Rewritten {
+struct Rewritten<'a> {
     pointer: PointerBuf,
     key: Option<String>,
+    /// The reference as the object has it.
+    current: &'a Value,
     value: Value,
     original: SourceRef,
     warning: Option<String>,
@@ -81,9 +83,9 @@ struct Decider<'a> {
     options: &'a Options,
     consumer: &'static Consumer,
     object: &'a Value,
-    namespace: String,
+    namespace: &'a str,
     /// `Kind ns/name` of the object, for messages.
-    display: String,
+    display: Subject<'a>,
 }
 
 impl<'a> Decider<'a> {
@@ -136,13 +138,12 @@ impl<'a> Decider<'a> {
             .or_else(|| meta_text("namespace"))
             .ok_or_else(|| {
                 Decision::bad_request(format!("the {} has no namespace", consumer.kind))
-            })?
-            .to_string();
+            })?;
         let name = meta_text("name")
             .or(request.name.as_deref().filter(|s| !s.is_empty()))
             .or_else(|| meta_text("generateName"))
             .unwrap_or("");
-        let display = format!("{} {namespace}/{name}", consumer.kind);
+        let display = Subject::new(consumer.kind, namespace, name);
         if !object.get("spec").is_some_and(Value::is_object) {
             return Err(Decision::bad_request(format!("{display} has no spec")));
         }
@@ -181,20 +182,21 @@ impl<'a> Decider<'a> {
         if rewritten.is_empty() {
             return Ok(Decision::Unchanged);
         }
-        let mut ops = Vec::new();
-        for r in &rewritten {
-            if self.object.pointer(r.pointer.as_str()) != Some(&r.value) {
+        let annotation = self.annotation(field, &rewritten)?;
+        let mut ops = Vec::with_capacity(rewritten.len() + 1);
+        let mut warnings = Vec::new();
+        for r in rewritten {
+            if r.current != &r.value {
                 ops.push(PatchOperation::Replace(ReplaceOperation {
-                    path: r.pointer.clone(),
-                    value: r.value.clone(),
+                    path: r.pointer,
+                    value: r.value,
                 }));
             }
+            warnings.extend(r.warning);
         }
-        let annotation = self.annotation(field, &rewritten)?;
-        if let Some(op) = annotation_op(self.object, &annotation) {
+        if let Some(op) = annotation_op(self.object, annotation) {
             ops.push(op);
         }
-        let warnings: Vec<String> = rewritten.into_iter().filter_map(|r| r.warning).collect();
         if ops.is_empty() {
             return Ok(Decision::Unchanged);
         }
@@ -222,8 +224,8 @@ impl<'a> Decider<'a> {
     fn resolve(
         &self,
         field: &RefField,
-        found: &Located<'_>,
-    ) -> Result<Option<Rewritten>, Decision> {
+        found: &Located<'a>,
+    ) -> Result<Option<Rewritten<'a>>, Decision> {
         let mut r = self.parse_ref(found)?;
         if !field.has_api_version {
             // The API server drops it; the kind alone counts.
@@ -245,7 +247,7 @@ impl<'a> Decider<'a> {
                 });
             }
         }
-        let source_ns = r.namespace.as_deref().unwrap_or(&self.namespace);
+        let source_ns = r.namespace.as_deref().unwrap_or(self.namespace);
         if self.options.no_cross_namespace_refs && source_ns != self.namespace {
             return Err(Decision::Deny {
                 message: format!(
@@ -275,17 +277,26 @@ impl<'a> Decider<'a> {
         };
         let mut value = found.value.clone();
         if let Some(fields) = value.as_object_mut() {
+            // A field the reference has is overwritten in place (no new key).
+            let mut set = |key: &str, text: String| match fields.get_mut(key) {
+                Some(slot) => *slot = Value::String(text),
+                None => {
+                    fields.insert(key.to_string(), Value::String(text));
+                }
+            };
             if field.has_api_version {
-                fields.insert("apiVersion".into(), Value::String(target.api_version));
-            } else {
+                set("apiVersion", target.api_version);
+            }
+            set("kind", target.kind);
+            set("name", target.name);
+            if !field.has_api_version {
                 fields.remove("apiVersion");
             }
-            fields.insert("kind".into(), Value::String(target.kind));
-            fields.insert("name".into(), Value::String(target.name));
         }
         Ok(Some(Rewritten {
             pointer: found.pointer.clone(),
             key: found.key.clone(),
+            current: found.value,
             value,
             original: r,
             warning: target.warning,

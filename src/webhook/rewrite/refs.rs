@@ -1,6 +1,9 @@
 //! Source references inside a consumer's object: finding them, reading
 //! them, and the annotation that keeps the original ones. Plain JSON work.
 
+use std::fmt;
+use std::sync::OnceLock;
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use serde::{Deserialize, Serialize};
@@ -47,12 +50,62 @@ impl SourceRef {
     }
 }
 
+/// Where a reference is, as people read it in messages, e.g.
+/// `spec.sourceRef` or `spec.sources[alias=web]`; written only when a
+/// message is.
+#[derive(Clone, Copy, Debug)]
+pub struct Label<'a> {
+    path: &'static [&'static str],
+    /// The list key's field and value, for list references.
+    key: Option<(&'static str, &'a str)>,
+}
+
+impl fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in self.path.iter().enumerate() {
+            if i > 0 {
+                f.write_str(".")?;
+            }
+            f.write_str(part)?;
+        }
+        match self.key {
+            Some((field, key)) => write!(f, "[{field}={key}]"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `Kind ns/name` of an object, for messages; written only when a message
+/// is.
+#[derive(Clone, Copy)]
+pub struct Subject<'a> {
+    kind: &'static str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl<'a> Subject<'a> {
+    pub fn new(kind: &'static str, namespace: &'a str, name: &'a str) -> Self {
+        Subject {
+            kind,
+            namespace,
+            name,
+        }
+    }
+}
+
+impl fmt::Display for Subject<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
 /// One reference found in an object.
 pub struct Located<'a> {
     /// JSON pointer of the reference object.
     pub pointer: PointerBuf,
     /// Where to say it is, e.g. `spec.sources[alias=web]`.
-    pub label: String,
+    pub label: Label<'a>,
     /// The list key's value, for list references.
     pub key: Option<String>,
     pub value: &'a Value,
@@ -77,29 +130,37 @@ pub fn annotation_of(object: &Value) -> Option<&str> {
         .as_str()
 }
 
+/// The JSON pointer of the annotation, encoded once.
+fn annotation_pointer() -> PointerBuf {
+    static POINTER: OnceLock<PointerBuf> = OnceLock::new();
+    POINTER
+        .get_or_init(|| PointerBuf::from_tokens(["metadata", "annotations", SOURCE_REF_ANNOTATION]))
+        .clone()
+}
+
 /// The patch operation that sets the annotation, if it is not set to `value`.
-pub(super) fn annotation_op(object: &Value, value: &str) -> Option<PatchOperation> {
-    if annotation_of(object) == Some(value) {
+pub(super) fn annotation_op(object: &Value, value: String) -> Option<PatchOperation> {
+    if annotation_of(object) == Some(value.as_str()) {
         return None;
     }
     let metadata = object.get("metadata").filter(|m| m.is_object());
     let annotations = metadata
         .and_then(|m| m.get("annotations"))
         .filter(|a| a.is_object());
-    let mut entry = Map::new();
-    entry.insert(SOURCE_REF_ANNOTATION.into(), Value::String(value.into()));
+    let entry = |value: String| {
+        let mut entry = Map::new();
+        entry.insert(SOURCE_REF_ANNOTATION.into(), Value::String(value));
+        entry
+    };
     let (path, value) = match (metadata, annotations) {
-        (Some(_), Some(_)) => (
-            PointerBuf::from_tokens(["metadata", "annotations", SOURCE_REF_ANNOTATION]),
-            Value::String(value.into()),
-        ),
+        (Some(_), Some(_)) => (annotation_pointer(), Value::String(value)),
         (Some(_), None) => (
             PointerBuf::from_tokens(["metadata", "annotations"]),
-            Value::Object(entry),
+            Value::Object(entry(value)),
         ),
         (None, _) => {
             let mut metadata = Map::new();
-            metadata.insert("annotations".into(), Value::Object(entry));
+            metadata.insert("annotations".into(), Value::Object(entry(value)));
             (
                 PointerBuf::from_tokens(["metadata"]),
                 Value::Object(metadata),
@@ -110,10 +171,11 @@ pub(super) fn annotation_op(object: &Value, value: &str) -> Option<PatchOperatio
 }
 
 /// The references of `field` in `object`; none when the field is absent.
+/// `display` names the object in messages.
 pub fn locate<'v>(
     object: &'v Value,
     field: &RefField,
-    display: &str,
+    display: &(impl fmt::Display + ?Sized),
 ) -> Result<Vec<Located<'v>>, Decision> {
     let mut value = object;
     for part in field.path {
@@ -122,7 +184,10 @@ pub fn locate<'v>(
             Some(v) => value = v,
         }
     }
-    let dotted = field.dotted();
+    let dotted = Label {
+        path: field.path,
+        key: None,
+    };
     let pointer = PointerBuf::from_tokens(field.path.iter().copied());
     match field.shape {
         RefShape::One => {
@@ -159,12 +224,77 @@ pub fn locate<'v>(
                 item_pointer.push_back(i);
                 found.push(Located {
                     pointer: item_pointer,
-                    label: format!("{dotted}[{key_field}={key}]"),
+                    label: Label {
+                        path: field.path,
+                        key: Some((key_field, key)),
+                    },
                     key: Some(key.to_string()),
                     value: item,
                 });
             }
             Ok(found)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumers::table::CONSUMERS;
+    use serde_json::json;
+
+    #[test]
+    fn labels_say_where_a_reference_is() {
+        let one = CONSUMERS
+            .iter()
+            .find(|c| c.refs.shape == RefShape::One)
+            .expect("a consumer with one reference");
+        let object = json!({"spec": {"sourceRef": {}, "chartRef": {}, "sources": [{"alias": "w/b~c", "kind": "K"}]}});
+        let found = locate(&object, &one.refs, "X a/b").unwrap();
+        assert_eq!(found[0].label.to_string(), one.refs.dotted());
+        let list = CONSUMERS
+            .iter()
+            .find(|c| matches!(c.refs.shape, RefShape::ListByKey(_)))
+            .expect("a consumer with a list of references");
+        let found = locate(&object, &list.refs, "X a/b").unwrap();
+        assert_eq!(
+            found[0].label.to_string(),
+            format!("{}[alias=w/b~c]", list.refs.dotted())
+        );
+        assert_eq!(found[0].pointer.as_str(), "/spec/sources/0");
+        let broken = json!({"spec": {"sources": [{"kind": "K"}]}});
+        let Err(Decision::Error { message, .. }) = locate(&broken, &list.refs, "X a/b") else {
+            panic!("no key");
+        };
+        assert_eq!(
+            message,
+            format!("X a/b: {}[0] has no alias", list.refs.dotted())
+        );
+    }
+
+    #[test]
+    fn the_annotation_is_added_where_the_object_has_room_for_it() {
+        let value = || "{\"kind\":\"K\"}".to_string();
+        let path = |op: Option<PatchOperation>| match op {
+            Some(PatchOperation::Add(add)) => (add.path.to_string(), add.value),
+            other => panic!("{other:?}"),
+        };
+        let (at, set) = path(annotation_op(
+            &json!({"metadata": {"annotations": {}}}),
+            value(),
+        ));
+        assert_eq!(at, "/metadata/annotations/openflux.dev~1source-ref");
+        assert_eq!(set, json!(value()));
+        let (at, set) = path(annotation_op(&json!({"metadata": {}}), value()));
+        assert_eq!(at, "/metadata/annotations");
+        assert_eq!(set, json!({SOURCE_REF_ANNOTATION: value()}));
+        let (at, set) = path(annotation_op(&json!({}), value()));
+        assert_eq!(at, "/metadata");
+        assert_eq!(
+            set,
+            json!({"annotations": {SOURCE_REF_ANNOTATION: value()}})
+        );
+        let set = json!({"metadata": {"annotations": {SOURCE_REF_ANNOTATION: value()}}});
+        assert!(annotation_op(&set, value()).is_none());
     }
 }
