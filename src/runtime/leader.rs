@@ -15,7 +15,6 @@ use futures::StreamExt;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -353,9 +352,7 @@ impl Controllers {
         let hub = self.hub.clone();
         let watch = Watch {
             api: self.scope.dynamic_api(&self.ctx.client, resource),
-            config: watcher::Config::default()
-                .labels(&export::managed_selector())
-                .any_semantic(),
+            config: super::watch::paged().labels(&export::managed_selector()),
             slim: without_managed_fields,
             keep: keep_all,
             what: "exported objects".to_string(),

@@ -31,10 +31,23 @@ pub struct Scope {
     pub labels: String,
 }
 
+/// How every large watch lists: consistent reads in pages of
+/// [`LIST_PAGE`] objects. A list at resourceVersion 0 would be answered
+/// from the API server's watch cache in one response whatever the page
+/// limit, so a restart with many objects present would hold a whole kind
+/// in memory at once, twice (the body and its objects); paged, it holds a
+/// page. Consistent reads also keep a relist from going back in time.
+pub fn paged() -> watcher::Config {
+    watcher::Config::default().page_size(LIST_PAGE)
+}
+
+/// Objects per page of an initial list (client-go's reflector uses 500).
+pub const LIST_PAGE: u32 = 500;
+
 impl Scope {
     /// The watcher configuration of the sources and Artifacts in this scope.
     pub fn config(&self) -> watcher::Config {
-        let config = watcher::Config::default().any_semantic();
+        let config = paged();
         if self.labels.is_empty() {
             config
         } else {
@@ -46,7 +59,7 @@ impl Scope {
     /// Artifacts of the owner index, the consumers): this scope's namespace,
     /// without `--watch-label-selector`.
     pub fn whole(&self) -> watcher::Config {
-        watcher::Config::default().any_semantic()
+        paged()
     }
 
     /// An API for `K` in this scope.
@@ -291,6 +304,23 @@ impl Hub {
 mod tests {
     use super::*;
     use crate::api::{Artifact, ArtifactSpec};
+    use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
+
+    #[test]
+    fn large_watches_list_consistently_in_pages() {
+        let scope = Scope {
+            namespace: None,
+            labels: "shard=a".into(),
+        };
+        for config in [scope.config(), scope.whole(), paged()] {
+            // resourceVersion 0 would be served whole from the watch cache.
+            assert_eq!(config.list_semantic, ListSemantic::MostRecent);
+            assert_eq!(config.initial_list_strategy, InitialListStrategy::ListWatch);
+            assert_eq!(config.page_size, Some(LIST_PAGE));
+        }
+        assert_eq!(scope.config().label_selector.as_deref(), Some("shard=a"));
+        assert_eq!(scope.whole().label_selector, None);
+    }
 
     #[test]
     fn the_hub_changes_the_index_and_hands_out_wakes() {
