@@ -20,6 +20,7 @@ mod flux_install;
 mod helm;
 mod load;
 mod overlay;
+mod repair;
 mod rotation;
 mod upgrade;
 
