@@ -116,17 +116,23 @@ impl Admission {
         }
     }
 
+    /// Units of the large-body budget a body of `declared` bytes takes
+    /// (`None`: unknown, counted as `max` bytes); `None` for a small body.
+    fn large_units_for(&self, declared: Option<u64>, max: u64) -> Option<u32> {
+        let size = declared.unwrap_or(max).min(max);
+        (size > SMALL_BODY_BYTES).then(|| {
+            let units = size.div_ceil(UNIT).min(self.large_units);
+            u32::try_from(units).unwrap_or(u32::MAX)
+        })
+    }
+
     /// Waits for room for a body of `declared` bytes (`None`: unknown,
     /// counted as `max` bytes); bodies over the budget are refused before.
     pub async fn admit(&self, declared: Option<u64>, max: u64) -> Permit {
-        let size = declared.unwrap_or(max).min(max);
-        let large = if size > SMALL_BODY_BYTES {
-            let units = size.div_ceil(UNIT).min(self.large_units);
-            let units = u32::try_from(units).unwrap_or(u32::MAX);
+        let large = match self.large_units_for(declared, max) {
             // Never closed: acquiring cannot fail.
-            self.large.clone().acquire_many_owned(units).await.ok()
-        } else {
-            None
+            Some(units) => self.large.clone().acquire_many_owned(units).await.ok(),
+            None => None,
         };
         let in_flight = self.in_flight.clone().acquire_owned().await;
         Permit {
@@ -138,13 +144,9 @@ impl Admission {
     /// [`Self::admit`] when there is room now, without waiting: the
     /// common case, which then arms no timer for the wait.
     pub fn try_admit(&self, declared: Option<u64>, max: u64) -> Option<Permit> {
-        let size = declared.unwrap_or(max).min(max);
-        let large = if size > SMALL_BODY_BYTES {
-            let units = size.div_ceil(UNIT).min(self.large_units);
-            let units = u32::try_from(units).unwrap_or(u32::MAX);
-            Some(self.large.clone().try_acquire_many_owned(units).ok()?)
-        } else {
-            None
+        let large = match self.large_units_for(declared, max) {
+            Some(units) => Some(self.large.clone().try_acquire_many_owned(units).ok()?),
+            None => None,
         };
         let in_flight = self.in_flight.clone().try_acquire_owned().ok()?;
         Some(Permit {
