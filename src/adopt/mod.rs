@@ -110,9 +110,10 @@ fn observe(
 ) {
     let key = |o: &DynamicObject| (o.namespace().unwrap_or_default(), o.name_any());
     match change {
-        Change::Applied(o) | Change::Deleted(o) => {
+        Change::Applied(o) | Change::Deleted(o) | Change::Listed(o) => {
             let _ = look.unbounded_send(key(o));
         }
+        Change::Listing => {}
         Change::Relisted(all) => {
             for o in all {
                 let _ = look.unbounded_send(key(o));

@@ -289,6 +289,8 @@ fn observe(
             };
             let _ = freed.unbounded_send(gone);
         }
+        // The consumer watch keeps every object: its lists arrive whole.
+        Change::Listing | Change::Listed(_) => {}
         Change::Relisted(all) => {
             let mut refs = locks::write(&ctx.references);
             let entries = all

@@ -25,9 +25,15 @@ pub enum IndexChange {
     Apply(IndexedArtifact),
     /// Remove one Artifact.
     Delete(ArtifactKey),
-    /// Replace the whole content: the watch listed every Artifact again, so
-    /// Artifacts deleted while it was down disappear at once, and readers
-    /// never see a half-listed index.
+    /// A new list of every Artifact began: drop what an earlier one set
+    /// aside.
+    Listing,
+    /// Set one Artifact of the list in progress aside, unseen by readers.
+    Listed(IndexedArtifact),
+    /// Replace the whole content with these and the Artifacts set aside:
+    /// the watch listed every Artifact again, so Artifacts deleted while it
+    /// was down disappear at once, and readers never see a half-listed
+    /// index.
     Reset(Vec<IndexedArtifact>),
 }
 
@@ -65,6 +71,9 @@ pub struct OwnerIndex {
     /// with the rest on a reset, so it holds no more than the words of the
     /// Artifacts seen since the last complete list.
     words: HashSet<Text>,
+    /// The Artifacts of a list in progress, set aside until it ends: a
+    /// list's Artifacts wait here rather than as whole objects.
+    listed: Vec<IndexedArtifact>,
     synced: bool,
 }
 
@@ -92,8 +101,18 @@ impl OwnerIndex {
         match change {
             IndexChange::Apply(entry) => self.insert(entry),
             IndexChange::Delete(key) => self.remove(&key),
-            IndexChange::Reset(entries) => self.reset(entries),
+            IndexChange::Listing => self.listed = Vec::new(),
+            IndexChange::Listed(entry) => self.listed.push(entry),
+            IndexChange::Reset(entries) => {
+                let listed = std::mem::take(&mut self.listed);
+                self.reset(entries.into_iter().chain(listed));
+            }
         }
+    }
+
+    /// The Artifacts set aside by the list in progress.
+    pub fn listed(&self) -> &[IndexedArtifact] {
+        &self.listed
     }
 
     /// Adds or updates one Artifact.

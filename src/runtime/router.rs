@@ -20,7 +20,8 @@
 //!   controller for the Artifact that owns it, which puts it right.
 //! - A watch that listed everything again (a start or restart) counts as
 //!   every listed object changing; for Artifacts it also replaces the whole
-//!   index.
+//!   index. The Artifacts the watch does not keep are set aside in the index
+//!   as they arrive, unseen by readers, and take part when the list ends.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -42,7 +43,15 @@ pub enum Change<'a, K> {
     Applied(&'a K),
     /// The object went away.
     Deleted(&'a K),
-    /// The watch listed every object again: these are all there are.
+    /// The watch began to list every object again: what an earlier list
+    /// brought before it broke off counts for nothing.
+    Listing,
+    /// One object of the list in progress that the watch's store does not
+    /// keep, handed over as it arrives so that nothing holds it whole until
+    /// the list ends. It is part of the [`Change::Relisted`] that follows.
+    Listed(&'a K),
+    /// The list ended: these objects, and those [`Change::Listed`] since
+    /// the list began, are all there are.
     Relisted(&'a [Arc<K>]),
 }
 
@@ -95,15 +104,20 @@ pub fn route(event: &Event<'_>, index: &OwnerIndex) -> Routed {
             index: None,
             wake: match change {
                 Change::Applied(source) => mirror_wake(stock, source).into_iter().collect(),
-                Change::Deleted(_) => BTreeSet::new(),
+                Change::Deleted(_) | Change::Listing => BTreeSet::new(),
+                // The index is not involved: a listed source wakes at once.
+                Change::Listed(source) => mirror_wake(stock, source).into_iter().collect(),
                 Change::Relisted(all) => all.iter().filter_map(|s| mirror_wake(stock, s)).collect(),
             },
         },
         Event::Exported(change) => Routed {
             index: None,
             wake: match change {
-                Change::Applied(object) => owners(object).chain(release(object)).collect(),
+                Change::Applied(object) | Change::Listed(object) => {
+                    owners(object).chain(release(object)).collect()
+                }
                 Change::Deleted(object) => owners(object).collect(),
+                Change::Listing => BTreeSet::new(),
                 Change::Relisted(all) => all
                     .iter()
                     .flat_map(|o| owners(o).chain(release(o)))
@@ -132,6 +146,15 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
             },
             None => Routed::default(),
         },
+        Change::Listing => Routed {
+            index: Some(IndexChange::Listing),
+            wake: BTreeSet::new(),
+        },
+        // Woken when the list ends, against the index it makes.
+        Change::Listed(artifact) => Routed {
+            index: IndexedArtifact::from_artifact(artifact).map(IndexChange::Listed),
+            wake: BTreeSet::new(),
+        },
         Change::Relisted(all) => {
             let entries: Vec<IndexedArtifact> = all
                 .iter()
@@ -142,6 +165,7 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
             let empty = OwnerIndex::new();
             let wake = entries
                 .iter()
+                .chain(index.listed())
                 .flat_map(|entry| artifact_wakes(entry, false, &empty))
                 .collect();
             Routed {

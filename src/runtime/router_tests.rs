@@ -95,6 +95,8 @@ fn describe(routed: &Routed) -> (String, Vec<String>) {
         Some(IndexChange::Apply(entry)) => format!("apply {}", entry.key),
         Some(IndexChange::Delete(key)) => format!("delete {key}"),
         Some(IndexChange::Reset(entries)) => format!("reset {}", keys(entries)),
+        Some(IndexChange::Listing) => "listing".to_string(),
+        Some(IndexChange::Listed(entry)) => format!("set aside {}", entry.key),
     };
     let wake = routed
         .wake
@@ -184,7 +186,7 @@ fn routes_every_kind_of_event() {
     };
     let terminating_listed = vec![Arc::new(terminating.clone())];
 
-    use Change::{Applied, Deleted, Relisted};
+    use Change::{Applied, Deleted, Listed, Listing, Relisted};
     // (what happens, the event, the index change, the wakes, sorted)
     #[rustfmt::skip]
     let rows: Vec<(&str, Event<'_>, &str, &str)> = vec![
@@ -211,10 +213,17 @@ fn routes_every_kind_of_event() {
         ("relist after a restart", Event::Artifact(Relisted(&listed)), "reset apps/web-latest,apps/m1,apps/gitrepository-podinfo,apps/loose", "export apps/loose, export apps/m1, export apps/web-latest, mirror GitRepository apps/podinfo"),
         ("relist of both Artifacts of a source", Event::Artifact(Relisted(&siblings)), "reset apps/m1,apps/m2", "export apps/m1, export apps/m2"),
         ("relist of nothing", Event::Artifact(Relisted(&[])), "reset ", ""),
+        // Artifacts the watch does not keep arrive one by one while it
+        // lists; they wake nobody until the list ends.
+        ("a list begins", Event::Artifact(Listing), "listing", ""),
+        ("a mirrored Artifact listed", Event::Artifact(Listed(&git)), "set aside apps/gitrepository-podinfo", ""),
+        ("a listed Artifact without namespace", Event::Artifact(Listed(&no_namespace)), "-", ""),
         // Stock sources: their mirror.
         ("stock source changed", Event::Source(GIT, Applied(&podinfo)), "-", "mirror GitRepository apps/podinfo"),
         ("stock source deleted: garbage collection takes its Artifact", Event::Source(GIT, Deleted(&podinfo)), "-", ""),
         ("stock sources listed", Event::Source(GIT, Relisted(&sources)), "-", "mirror GitRepository apps/a, mirror GitRepository apps/b"),
+        ("a stock source listed alone wakes at once", Event::Source(GIT, Listed(&podinfo)), "-", "mirror GitRepository apps/podinfo"),
+        ("a list of stock sources begins", Event::Source(GIT, Listing), "-", ""),
         ("the managed-by label alone does not stop mirroring", Event::Source(GIT, Applied(&labelled_git)), "-", "mirror GitRepository apps/labelled"),
         ("own exports are never mirrored", Event::Source(EA, Applied(&own_export)), "-", ""),
         ("foreign ExternalArtifacts are", Event::Source(EA, Applied(&foreign_ea)), "-", "mirror ExternalArtifact apps/foreign"),
@@ -225,6 +234,7 @@ fn routes_every_kind_of_event() {
         ("owners that are not Artifacts of openflux.dev", Event::Exported(Applied(&export_foreign)), "-", ""),
         ("an object two Artifacts own wakes both", Event::Exported(Applied(&export_shared)), "-", "export apps/m1, export apps/m2"),
         ("exported objects listed", Event::Exported(Relisted(&exports)), "-", "export apps/m1, export apps/web-latest"),
+        ("an exported object listed alone", Event::Exported(Listed(&terminating)), "-", "export apps/web-latest, release OCIRepository apps/web.httpsource"),
         // A shadow being deleted is released from source-controller's
         // finalizer, whether its deletion is seen as a change or in a list.
         ("a shadow being deleted", Event::Exported(Applied(&terminating)), "-", "export apps/web-latest, release OCIRepository apps/web.httpsource"),
@@ -257,4 +267,59 @@ fn routing_applied_changes_keeps_the_index_in_step() {
     let routed = route(&Event::Artifact(Change::Relisted(&[])), &index);
     index.change(routed.index.unwrap());
     assert!(index.is_empty() && index.is_synced());
+}
+
+#[test]
+fn a_list_in_parts_replaces_the_index_only_when_it_ends() {
+    let mut index = index();
+    let take = |index: &mut OwnerIndex, change: Change<'_, Artifact>| {
+        let routed = route(&Event::Artifact(change), index);
+        if let Some(change) = routed.index.clone() {
+            index.change(change);
+        }
+        describe(&routed).1
+    };
+    let git = artifact(
+        "gitrepository-podinfo",
+        Some((FLUX, "GitRepository", "podinfo")),
+    );
+    let other = artifact(
+        "gitrepository-other",
+        Some((FLUX, "GitRepository", "other")),
+    );
+    let web = artifact("web-latest", Some((HTTP, "HttpSource", "web")));
+
+    // A list that broke off: what it set aside is dropped by the next.
+    take(&mut index, Change::Listing);
+    take(&mut index, Change::Listed(&other));
+    take(&mut index, Change::Listing);
+    assert!(index.listed().is_empty());
+
+    take(&mut index, Change::Listed(&git));
+    // Readers still see the whole index as it was, not the list so far.
+    assert_eq!(index.len(), 5);
+    assert!(index.artifact("apps", "m1").is_some());
+    let wakes = take(&mut index, Change::Relisted(&[Arc::new(web)]));
+    assert_eq!(
+        wakes,
+        [
+            "export apps/web-latest",
+            "mirror GitRepository apps/podinfo"
+        ],
+        "the list's end wakes for the kept and the set-aside Artifacts alike"
+    );
+    let mut names: Vec<String> = [
+        "web-latest",
+        "gitrepository-podinfo",
+        "gitrepository-other",
+        "m1",
+    ]
+    .into_iter()
+    .filter(|n| index.artifact("apps", n).is_some())
+    .map(String::from)
+    .collect();
+    names.sort();
+    assert_eq!(names, ["gitrepository-podinfo", "web-latest"]);
+    assert_eq!(index.len(), 2);
+    assert!(index.listed().is_empty() && index.is_synced());
 }

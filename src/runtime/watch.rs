@@ -137,8 +137,6 @@ where
         // When the current streak of errors began, and whether it was
         // reported as broken.
         let mut failing: Option<(tokio::time::Instant, bool)> = None;
-        // What the current list brought that the store does not keep.
-        let mut unkept: Vec<Arc<K>> = Vec::new();
         loop {
             let event = tokio::select! {
                 e = events.try_next() => e,
@@ -187,7 +185,7 @@ where
                     }
                 }
                 watcher::Event::InitApply(object) if !keep(&object) => {
-                    unkept.push(Arc::new(object));
+                    sink(Change::Listed(&object));
                 }
                 event => {
                     writer.apply_watcher_event(&event);
@@ -197,12 +195,9 @@ where
                         watcher::Event::InitDone => {
                             tracing::debug!(watch = %what, "watch synced");
                             synced.synced();
-                            let mut all = reader.state();
-                            all.append(&mut unkept);
-                            unkept.shrink_to_fit();
-                            sink(Change::Relisted(&all));
+                            sink(Change::Relisted(&reader.state()));
                         }
-                        watcher::Event::Init => unkept.clear(),
+                        watcher::Event::Init => sink(Change::Listing),
                         watcher::Event::InitApply(_) => {}
                     }
                 }
@@ -329,19 +324,34 @@ mod tests {
         let hub = Hub::new(index.clone(), Metrics::register(&mut registry));
         let mut artifact = Artifact::new("a", ArtifactSpec::default());
         artifact.metadata.namespace = Some("apps".into());
+        let mut other = Artifact::new("b", ArtifactSpec::default());
+        other.metadata.namespace = Some("apps".into());
         // Nobody listens: the index still changes.
         hub.take(Event::Artifact(Change::Applied(&artifact)));
         assert_eq!(locks::read(&index).len(), 1);
         let mut wakes = hub.subscribe();
         hub.take(Event::Artifact(Change::Deleted(&artifact)));
-        hub.take(Event::Artifact(Change::Relisted(&[Arc::new(artifact)])));
+        hub.take(Event::Artifact(Change::Relisted(&[Arc::new(
+            artifact.clone(),
+        )])));
         assert!(locks::read(&index).is_synced());
         assert_eq!(
             wakes.try_recv().len(),
             1,
-            "the relist wakes the export of its Artifact; a delete of a standalone Artifact wakes nobody"
+            "the delete and the relist both wake the export of the Artifact, once"
         );
         assert!(wakes.try_recv().is_empty());
+        // Listed one by one (an Artifact the store does not keep): set
+        // aside, unseen and waking nobody, until the list ends.
+        hub.take(Event::Artifact(Change::Listing));
+        hub.take(Event::Artifact(Change::Listed(&artifact)));
+        hub.take(Event::Artifact(Change::Listed(&other)));
+        assert_eq!(locks::read(&index).len(), 1);
+        assert!(locks::read(&index).artifact("apps", "b").is_none());
+        assert!(wakes.try_recv().is_empty());
+        hub.take(Event::Artifact(Change::Relisted(&[])));
+        assert_eq!(locks::read(&index).len(), 2);
+        assert_eq!(wakes.try_recv().len(), 2);
     }
 
     #[test]
