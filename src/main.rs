@@ -7,9 +7,35 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc: with thousands of cached objects made and dropped by the
 /// watches, it keeps the process about a tenth smaller than the system
-/// allocator (docs/benchmarks.md, "Where the memory goes").
+/// allocator (docs/benchmarks.md, "Where the memory goes"). Built without
+/// asking for transparent huge pages (feature `no_thp`): on a kernel that
+/// grants them on request, its regions grew in 2 MiB steps, and a first
+/// start with 10,000 sources peaked 16 to 19 MiB higher.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's option `purge_delay` (its number in `mi_option_t`, the same
+/// in mimalloc 2 and 3).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+extern "C" {
+    fn mi_option_set_default(option: std::ffi::c_int, value: std::ffi::c_long);
+    #[cfg(test)]
+    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+}
+
+/// Returns memory openflux freed to the system at once rather than a
+/// second later (mimalloc 3's default). A restart with every object
+/// present makes and drops the first lists, the owner index's entries and
+/// a reconcile per source within a second or two; held for that second,
+/// memory no longer used counted as resident, against the Pod's limit: a
+/// restart with 10,000 sources peaked at 103 MiB instead of 78 MiB.
+/// `MIMALLOC_PURGE_DELAY` in the environment still decides.
+fn purge_freed_memory_at_once() {
+    // SAFETY: sets one of mimalloc's options, which it reads atomically;
+    // callable at any time, from any thread.
+    unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, 0) }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -109,6 +135,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    purge_freed_memory_at_once();
     let cli = Cli::parse();
     match main_inner(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -122,6 +149,19 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freed_memory_is_purged_at_once() {
+        // SAFETY: reads one of mimalloc's options.
+        let default = unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(
+            default, 1000,
+            "mimalloc 3 delays purges by 1000 ms: if not, the option's number no longer names purge_delay"
+        );
+        purge_freed_memory_at_once();
+        // SAFETY: as above.
+        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 0);
+    }
 
     fn deployment() -> serde_json::Value {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/deployment.yaml");

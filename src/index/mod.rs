@@ -136,6 +136,13 @@ impl OwnerIndex {
         self.by_kind.clear();
         self.by_uid.clear();
         self.words.clear();
+        // Sized once for the whole list: growing step by step would hold
+        // the old table and the new one at each step.
+        let entries = entries.into_iter();
+        let n = entries.size_hint().0;
+        self.artifacts.reserve(n);
+        self.by_source.reserve(n);
+        self.by_uid.reserve(n);
         for entry in entries {
             self.insert(entry);
         }
