@@ -3,7 +3,7 @@
 //! ratio of the two; docs/benchmarks.md explains each figure.
 //!
 //! ```text
-//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,mirror,e2e]
+//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,admission,mirror,e2e]
 //!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5]
 //! ```
 //!
@@ -17,6 +17,7 @@
 
 use openflux_testkit as support;
 
+mod admission;
 mod cluster;
 mod e2e;
 mod loadgen;
@@ -43,7 +44,7 @@ usage: cargo bench --bench openflux -- [options]
 
   --quick                 small sizes and short runs (a smoke check, seconds)
   --json FILE             also write the figures as JSON to FILE
-  --only LIST             sections to run, of: parse,webhook,mirror,e2e (default: all)
+  --only LIST             sections to run, of: parse,webhook,admission,mirror,e2e (default: all)
   --mirror-sizes LIST     numbers of GitRepositories (default 100,1000,5000)
   --samples N             timed status writes per mirror size (default 200)
   --noop-samples N        status writes that change no artifact (default 50)
@@ -51,7 +52,8 @@ usage: cargo bench --bench openflux -- [options]
   --concurrent N          openflux --concurrent and the baseline's concurrency (default 4)
   --webhook-seconds S     measured seconds per webhook run (default 5)
   --webhook-rate R        requests per second of the latency runs (default 1000)
-  --connections N         load generator connections, HTTP/1.1 (default 8)
+  --connections N         load generator connections, HTTP/1.1, and creates in flight
+                          through the API server (admission) (default 8)
   --webhook-profile N     only the webhook's in-process router phase, N requests each
                           (openflux, then the constant answer), for a profiler
   --webhook-log-level L   log filter of the webhook, as openflux run --log-level (default info)
@@ -61,6 +63,7 @@ usage: cargo bench --bench openflux -- [options]
 enum Section {
     Parse,
     Webhook,
+    Admission,
     Mirror,
     E2e,
 }
@@ -70,9 +73,10 @@ impl Section {
         Ok(match s {
             "parse" => Section::Parse,
             "webhook" => Section::Webhook,
+            "admission" => Section::Admission,
             "mirror" => Section::Mirror,
             "e2e" | "end-to-end" => Section::E2e,
-            other => bail!("unknown section {other:?} (parse, webhook, mirror, e2e)"),
+            other => bail!("unknown section {other:?} (parse, webhook, admission, mirror, e2e)"),
         })
     }
 }
@@ -132,6 +136,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
         sections: vec![
             Section::Parse,
             Section::Webhook,
+            Section::Admission,
             Section::Mirror,
             Section::E2e,
         ],
@@ -294,6 +299,10 @@ fn main() -> ExitCode {
             for section in cluster_sections {
                 let result = match section {
                     Section::Mirror => mirror::run(&env, &options.mirror, &mut report).await,
+                    Section::Admission => {
+                        let (quick, in_flight) = (options.quick, options.webhook.connections);
+                        admission::run(&env, quick, in_flight, &mut report).await
+                    }
                     Section::E2e => {
                         let wait = !options.quick;
                         e2e::run(&env, options.e2e_samples, wait, &mut report).await

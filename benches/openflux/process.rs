@@ -94,6 +94,19 @@ impl Openflux {
         status_kib(self.pid, "VmHWM:").map(|k| k * 1024)
     }
 
+    /// CPU time (user and system, all threads) used so far, in seconds.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // After the command name in parentheses: state, then 10 fields,
+        // then utime and stime in clock ticks (proc(5)).
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+        let utime: f64 = fields.next()?.parse().ok()?;
+        let stime: f64 = fields.next()?.parse().ok()?;
+        // SAFETY: sysconf reads a constant of the system.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        (ticks > 0).then(|| (utime + stime) / ticks as f64)
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> anyhow::Result<String> {
         match http_get(self.metrics_addr, "/metrics").await {
@@ -233,6 +246,11 @@ pub async fn apiserver_metrics(client: &kube::Client) -> anyhow::Result<String> 
         .context("GET /metrics of the API server")
 }
 
+/// CPU seconds the API server process has used, from its metrics.
+pub fn apiserver_cpu_seconds(metrics: &str) -> f64 {
+    metric_sum(metrics, "process_cpu_seconds_total", |_| true)
+}
+
 /// Requests that write (create, update, patch, apply, delete) the resource
 /// `group`/`resource`, any subresource, counted by the API server.
 pub fn apiserver_writes(metrics: &str, group: &str, resource: &str) -> f64 {
@@ -258,6 +276,7 @@ pub fn self_check() {
         controller_runtime_reconcile_total{controller=\"ocirepository-mirror\",result=\"error\"} 1\n\
         controller_runtime_reconcile_total{controller=\"artifact\",result=\"success\"} 2\n\
         odd{msg=\"a,b=\\\"c\\\"\",kind=\"GitRepository\"} 1.5e3\n\
+        process_cpu_seconds_total 12.5\n\
         plain 4\n";
     assert_eq!(apiserver_writes(text, "openflux.dev", "artifacts"), 10.0);
     assert_eq!(apiserver_writes(text, "", "configmaps"), 9.0);
@@ -268,4 +287,5 @@ pub fn self_check() {
         1500.0
     );
     assert_eq!(metric_sum(text, "plain", |_| true), 4.0);
+    assert_eq!(apiserver_cpu_seconds(text), 12.5);
 }

@@ -26,11 +26,11 @@ use crate::WebhookParams;
 /// `HttpSource apps/web` (sources.openflux.dev/v1alpha1).
 const RECORDED: &str =
     include_str!("../../tests/fixtures/admission/kustomization-create-custom.json");
-const SOURCE_API_VERSION: &str = "sources.openflux.dev/v1alpha1";
-const SOURCE_KIND: &str = "HttpSource";
+/// The custom source kind of the index: apiVersion and kind.
+pub const HTTP_SOURCE: (&str, &str) = ("sources.openflux.dev/v1alpha1", "HttpSource");
 /// 100 namespaces of 100 custom sources, one Artifact each.
 const NAMESPACES: usize = 100;
-const SOURCES_PER_NAMESPACE: usize = 100;
+pub const SOURCES_PER_NAMESPACE: usize = 100;
 /// Distinct requests sent in turn.
 pub const VARIANTS: usize = 1024;
 
@@ -45,12 +45,17 @@ fn source(i: usize) -> String {
     format!("src-{i:03}")
 }
 
-/// The owner index the webhook answers from: 10,000 Artifacts.
-pub fn index() -> OwnerIndex {
-    let mut entries = Vec::with_capacity(NAMESPACES * SOURCES_PER_NAMESPACE);
-    for n in 0..NAMESPACES {
+/// The owner index the webhook answers from: 10,000 Artifacts, and as
+/// many per namespace of `extra`.
+pub fn index(extra: &[String]) -> OwnerIndex {
+    let namespaces: Vec<String> = (0..NAMESPACES)
+        .map(namespace)
+        .chain(extra.iter().cloned())
+        .collect();
+    let mut entries = Vec::with_capacity(namespaces.len() * SOURCES_PER_NAMESPACE);
+    for (n, ns) in namespaces.iter().enumerate() {
         for s in 0..SOURCES_PER_NAMESPACE {
-            let (ns, src) = (namespace(n), source(s));
+            let (ns, src) = (ns.clone(), source(s));
             let mut a = Artifact::new(
                 &format!("{src}-latest"),
                 ArtifactSpec {
@@ -63,8 +68,8 @@ pub fn index() -> OwnerIndex {
             a.metadata.namespace = Some(ns.clone());
             a.metadata.uid = Some(format!("artifact-{ns}-{src}"));
             a.metadata.owner_references = Some(vec![OwnerReference {
-                api_version: SOURCE_API_VERSION.into(),
-                kind: SOURCE_KIND.into(),
+                api_version: HTTP_SOURCE.0.into(),
+                kind: HTTP_SOURCE.1.into(),
                 name: src.clone(),
                 uid: format!("source-{ns}-{src}"),
                 controller: Some(true),
@@ -152,7 +157,12 @@ pub fn init_logs(p: &WebhookParams) {
 /// openflux's handler state over the benchmark's owner index, and the
 /// number of Artifacts indexed.
 pub fn state() -> (AppState, usize) {
-    let index = index();
+    state_for(&[])
+}
+
+/// [`state`] with the custom sources of the namespaces `extra` indexed too.
+pub fn state_for(extra: &[String]) -> (AppState, usize) {
+    let index = index(extra);
     let indexed = index.len();
     let facts = openflux::cluster::facts::Facts::everywhere(
         openflux::cluster::target::Target::ExternalArtifact,

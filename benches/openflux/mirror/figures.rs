@@ -16,6 +16,11 @@ pub struct Measured {
     /// Per source, during the initial sync.
     pub sync_writes: f64,
     pub sync_reconciles: f64,
+    /// CPU seconds of the API server during the initial sync and during
+    /// the ConfigMap baseline, and of openflux during the initial sync.
+    pub sync_api_cpu: f64,
+    pub baseline_api_cpu: f64,
+    pub sync_openflux_cpu: Option<f64>,
     /// Propagation latencies (ms): to the Artifact, of the source itself,
     /// and through the two-hop relay.
     pub via_openflux: Vec<f64>,
@@ -71,6 +76,15 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
         "reconciles",
         m.sync_reconciles,
     ));
+    // Where the initial sync's time goes, on cores the API server and
+    // openflux share.
+    report.push(
+        Figure::new(section, "initial sync: API server CPU", "s", m.sync_api_cpu)
+            .baseline(m.baseline_api_cpu),
+    );
+    if let Some(cpu) = m.sync_openflux_cpu {
+        report.push(Figure::new(section, "initial sync: openflux CPU", "s", cpu));
+    }
     let of_lat = summarize(m.via_openflux.clone());
     let src_lat = summarize(m.via_source.clone());
     let relay_lat = summarize(m.via_relay.clone());

@@ -100,6 +100,7 @@ async fn one_size(
         ns,
         &cluster::resource("v1", "ConfigMap", "configmaps"),
     );
+    let api_cpu_before = process::apiserver_metrics(client).await?;
     let baseline_sync = timed_applies(&configmaps, n, p.concurrent, |name, i| {
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -108,6 +109,9 @@ async fn one_size(
         })
     })
     .await?;
+    let baseline_api_cpu =
+        process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
+            - process::apiserver_cpu_seconds(&api_cpu_before);
     eprintln!(
         "{section}: baseline, {n} ConfigMap applies at concurrency {}: {:.2}s",
         p.concurrent,
@@ -175,6 +179,9 @@ async fn one_size(
         .last_first_seen()
         .context("no Artifact seen")?
         .duration_since(of.started);
+    let sync_openflux_cpu = of.cpu_seconds();
+    let sync_api_cpu = process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
+        - process::apiserver_cpu_seconds(&api_at_start);
     eprintln!(
         "{section}: all Artifacts present after {:.2}s",
         present.as_secs_f64()
@@ -312,6 +319,9 @@ async fn one_size(
         artifact_sync,
         sync_writes,
         sync_reconciles,
+        sync_api_cpu,
+        baseline_api_cpu,
+        sync_openflux_cpu,
         via_openflux,
         via_source,
         via_relay,
