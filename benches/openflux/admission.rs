@@ -18,8 +18,7 @@
 //! Beside the client's view, the API server's own account of each call to
 //! the two webhooks: `apiserver_admission_webhook_admission_duration_seconds`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -35,10 +34,8 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::core::DynamicObject;
-use openflux::certs::{self, CertKeeper, CertSource};
-use openflux::webhook::server::{router, serve_tls, MAX_BODY_BYTES, MUTATE_PATH};
+use openflux::webhook::server::{router, MAX_BODY_BYTES, MUTATE_PATH};
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cluster;
@@ -47,7 +44,9 @@ use crate::process::{self, label};
 use crate::report::{Figure, Report};
 use crate::stats::{mean, ms, summarize};
 use crate::support::Env;
-use crate::webhook_setup::{state_for, HTTP_SOURCE, SOURCES_PER_NAMESPACE};
+use crate::webhook_setup::{
+    loopback_tls, serve_loopback, state_for, HTTP_SOURCE, SOURCES_PER_NAMESPACE,
+};
 
 const SECTION: &str = "webhook via API server";
 const DURATION: &str = "apiserver_admission_webhook_admission_duration_seconds";
@@ -127,12 +126,12 @@ pub async fn run(
 }
 
 /// Per path (openflux, baseline, no webhook): creates per second of each
-/// round, every create's latency (ms), and the API server's mean webhook
-/// call (ms; none for the third).
+/// round, every create's latency (ms); the API server's mean call (ms) to
+/// each of the two webhooks.
 struct Measured {
     rate: [Vec<f64>; 3],
     latency: [Vec<f64>; 3],
-    call_mean: [f64; 3],
+    call_mean: [f64; 2],
 }
 
 async fn measure(
@@ -142,17 +141,11 @@ async fn measure(
     rounds: usize,
     in_flight: usize,
 ) -> anyhow::Result<Measured> {
-    let keeper = CertKeeper::start(CertSource::InMemory {
-        dns_names: vec!["localhost".into()],
-        ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    })
-    .context("making the serving certificate")?;
-    let tls = Arc::new(certs::server_config(keeper.resolver())?);
-    let ca = keeper.ca_bundle().borrow().clone();
+    let (_keeper, tls, ca) = loopback_tls()?;
     let (state, _) = state_for(&[of_ns.to_string()]);
     let (stop, stopped) = watch::channel(false);
-    let of_addr = serve(tls.clone(), router(state), stopped.clone()).await?;
-    let base_addr = serve(tls, allowing_router(), stopped).await?;
+    let (of_addr, _) = serve_loopback(tls.clone(), router(state), stopped.clone()).await?;
+    let (base_addr, _) = serve_loopback(tls, allowing_router(), stopped).await?;
     let hooks = [
         register(env, "openflux", of_ns, of_addr, &ca).await?,
         register(env, "baseline", base_ns, base_addr, &ca).await?,
@@ -183,7 +176,7 @@ async fn measure(
         let mut m = Measured {
             rate: Default::default(),
             latency: Default::default(),
-            call_mean: [f64::NAN; 3],
+            call_mean: [f64::NAN; 2],
         };
         let paths = [Path::Openflux, Path::Baseline, Path::NoWebhook];
         for round in 0..rounds {
@@ -247,20 +240,6 @@ fn allowing_router() -> Router {
     Router::new()
         .route(MUTATE_PATH, post(allow))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-}
-
-/// Serves `app` with `tls` on a loopback port until `stop`.
-async fn serve(
-    tls: Arc<rustls::ServerConfig>,
-    app: Router,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(serve_tls(listener, tls, app, async move {
-        let _ = stop.wait_for(|s| *s).await;
-    }));
-    Ok(addr)
 }
 
 /// Registers a mutating webhook `<who>.bench.openflux.dev` for

@@ -20,42 +20,23 @@
 //! 1.16 it calls webhooks over HTTP/1.1 and opens more connections for
 //! concurrent requests.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
-use axum::Router;
-use openflux::certs::{self, CertKeeper, CertSource};
-use openflux::webhook::server::{router, serve_tls, MUTATE_PATH};
+use anyhow::bail;
+use openflux::webhook::server::{router, MUTATE_PATH};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::loadgen::{self, Connection, Target};
 use crate::report::{Figure, Report};
 use crate::stats::{mean, summarize};
 use crate::webhook_setup::{
-    answer_of, baseline_router, bodies, init_logs, router_cost, state, static_router, VARIANTS,
+    answer_of, baseline_router, bodies, init_logs, loopback_tls, router_cost, serve_loopback,
+    state, static_router, VARIANTS,
 };
 use crate::WebhookParams;
-
-/// Serves `app` with `tls` on a loopback port of `runtime` until `stop`.
-fn start(
-    runtime: &tokio::runtime::Runtime,
-    tls: Arc<rustls::ServerConfig>,
-    app: Router,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = runtime.block_on(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))?;
-    let addr = listener.local_addr()?;
-    let shutdown = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    let task = runtime.spawn(serve_tls(listener, tls, app, shutdown));
-    Ok((addr, task))
-}
 
 /// Every variant gets the answer the benchmark is about: openflux allows
 /// and patches it; the baseline allows it.
@@ -103,21 +84,16 @@ pub fn run(p: &WebhookParams, report: &mut Report) -> anyhow::Result<()> {
         .thread_name("webhook-server")
         .enable_all()
         .build()?;
-    let keeper = CertKeeper::start(CertSource::InMemory {
-        dns_names: vec!["localhost".into()],
-        ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-    })
-    .context("making the serving certificate")?;
-    let tls = Arc::new(certs::server_config(keeper.resolver())?);
-    let ca = keeper.ca_bundle().borrow().clone();
+    let (_keeper, tls, ca) = loopback_tls()?;
     let (state, indexed) = state();
     let bodies = bodies()?;
     let (stop, stopped) = watch::channel(false);
     let in_process = (router(state.clone()), baseline_router());
     let fixed = server.block_on(answer_of(&in_process.0, &bodies[0]))?;
-    let (of_addr, of_task) = start(&server, tls.clone(), router(state), stopped.clone())?;
-    let (base_addr, base_task) = start(&server, tls.clone(), baseline_router(), stopped.clone())?;
-    let (static_addr, static_task) = start(&server, tls, static_router(fixed), stopped)?;
+    let serve = |app, stop| server.block_on(serve_loopback(tls.clone(), app, stop));
+    let (of_addr, of_task) = serve(router(state), stopped.clone())?;
+    let (base_addr, base_task) = serve(baseline_router(), stopped.clone())?;
+    let (static_addr, static_task) = serve(static_router(fixed), stopped)?;
 
     let client_tls = loadgen::client_config(&ca)?;
     let name = ServerName::try_from("localhost")?;

@@ -3,6 +3,7 @@
 //! static answer's), the in-process cost of a router, and the in-process
 //! phase alone for a profiler (`--webhook-profile N`).
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -14,10 +15,14 @@ use axum::routing::post;
 use axum::Router;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use openflux::api::{Artifact, ArtifactSpec};
+use openflux::certs::{self, CertKeeper, CertSource};
 use openflux::index::{IndexedArtifact, OwnerIndex};
-use openflux::webhook::server::{router, AppState, MAX_BODY_BYTES, MUTATE_PATH};
+use openflux::webhook::server::{router, serve_tls, AppState, MAX_BODY_BYTES, MUTATE_PATH};
 use openflux::webhook::{Options, WebhookMetrics};
 use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use crate::WebhookParams;
@@ -116,6 +121,34 @@ pub fn bodies() -> anyhow::Result<Vec<Bytes>> {
         bodies.push(Bytes::from(serde_json::to_vec(&review)?));
     }
     Ok(bodies)
+}
+
+/// An in-memory serving certificate for localhost and 127.0.0.1: the keeper
+/// (keep it while serving), the TLS configuration and the CA in PEM.
+pub fn loopback_tls() -> anyhow::Result<(CertKeeper, Arc<rustls::ServerConfig>, Vec<u8>)> {
+    let keeper = CertKeeper::start(CertSource::InMemory {
+        dns_names: vec!["localhost".into()],
+        ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    })
+    .context("making the serving certificate")?;
+    let tls = Arc::new(certs::server_config(keeper.resolver())?);
+    let ca = keeper.ca_bundle().borrow().clone();
+    Ok((keeper, tls, ca))
+}
+
+/// Serves `app` with `tls` on a loopback port, on the runtime this runs
+/// on, until `stop`.
+pub async fn serve_loopback(
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(serve_tls(listener, tls, app, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }));
+    Ok((addr, task))
 }
 
 pub fn baseline_router() -> Router {
