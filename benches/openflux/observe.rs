@@ -115,6 +115,11 @@ impl Observer {
         self.lock().first_ready.len()
     }
 
+    /// When the first of the objects seen so far was first seen.
+    pub fn first_first_seen(&self) -> Option<Instant> {
+        self.lock().first_seen.values().min().copied()
+    }
+
     /// When the last of the objects seen so far was first seen.
     pub fn last_first_seen(&self) -> Option<Instant> {
         self.lock().first_seen.values().max().copied()

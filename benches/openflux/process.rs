@@ -1,6 +1,7 @@
 //! `openflux run` as a child process (its PID gives the peak memory), and
 //! readings of Prometheus metrics: openflux's own and the API server's.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -264,6 +265,46 @@ pub fn apiserver_writes(metrics: &str, group: &str, resource: &str) -> f64 {
     })
 }
 
+/// The API server's requests by verb and resource (`LIST artifacts`,
+/// `APPLY gitrepositories/status`) and its watch events by resource
+/// (`watch events artifacts`): what a phase asked of it.
+pub fn apiserver_requests(metrics: &str) -> BTreeMap<String, f64> {
+    let mut counts = BTreeMap::new();
+    for (name, labels, value) in metrics.lines().filter_map(parse_sample) {
+        let key = match name {
+            "apiserver_request_total" => {
+                let resource = label(&labels, "resource").unwrap_or("");
+                match label(&labels, "subresource").filter(|s| !s.is_empty()) {
+                    Some(sub) => {
+                        format!("{} {resource}/{sub}", label(&labels, "verb").unwrap_or(""))
+                    }
+                    None => format!("{} {resource}", label(&labels, "verb").unwrap_or("")),
+                }
+            }
+            "apiserver_watch_events_total" => {
+                format!("watch events {}", label(&labels, "resource").unwrap_or(""))
+            }
+            _ => continue,
+        };
+        *counts.entry(key).or_insert(0.0) += value;
+    }
+    counts
+}
+
+/// What grew between two [`apiserver_requests`] counts, largest first.
+pub fn requests_between(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> Vec<(String, f64)> {
+    let mut grown: Vec<(String, f64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d >= 1.0)
+        .collect();
+    grown.sort_by(|a, b| b.1.total_cmp(&a.1));
+    grown
+}
+
 /// Smoke checks of the parser, run with the bench in test mode.
 pub fn self_check() {
     let text = "# HELP x\n\
@@ -276,6 +317,7 @@ pub fn self_check() {
         controller_runtime_reconcile_total{controller=\"ocirepository-mirror\",result=\"error\"} 1\n\
         controller_runtime_reconcile_total{controller=\"artifact\",result=\"success\"} 2\n\
         odd{msg=\"a,b=\\\"c\\\"\",kind=\"GitRepository\"} 1.5e3\n\
+        apiserver_watch_events_total{group=\"openflux.dev\",resource=\"artifacts\",version=\"v1\"} 30\n\
         process_cpu_seconds_total 12.5\n\
         plain 4\n";
     assert_eq!(apiserver_writes(text, "openflux.dev", "artifacts"), 10.0);
@@ -288,4 +330,11 @@ pub fn self_check() {
     );
     assert_eq!(metric_sum(text, "plain", |_| true), 4.0);
     assert_eq!(apiserver_cpu_seconds(text), 12.5);
+    let after = apiserver_requests(text);
+    assert_eq!(after["APPLY artifacts/status"], 3.0);
+    assert_eq!(after["watch events artifacts"], 30.0);
+    let mut before = after.clone();
+    before.insert("APPLY artifacts".into(), 5.0);
+    let grown = requests_between(&before, &after);
+    assert_eq!(grown, vec![("APPLY artifacts".to_string(), 2.0)]);
 }

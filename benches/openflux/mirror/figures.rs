@@ -10,6 +10,8 @@ use crate::stats::summarize;
 pub struct Measured {
     /// openflux start to all Artifacts present.
     pub present: Duration,
+    /// openflux start to the first Artifact present: its start-up.
+    pub first: Duration,
     /// N ConfigMap applies, and N Artifact applies, by a plain client.
     pub baseline_sync: Duration,
     pub artifact_sync: Duration,
@@ -52,6 +54,12 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
         f = f.target("ratio <= 1.2", present / baseline <= 1.2);
     }
     report.push(f);
+    report.push(Figure::new(
+        section,
+        "initial sync: start to the first Artifact",
+        "s",
+        m.first.as_secs_f64(),
+    ));
     report.push(
         Figure::new(
             section,

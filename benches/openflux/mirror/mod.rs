@@ -109,9 +109,10 @@ async fn one_size(
         })
     })
     .await?;
-    let baseline_api_cpu =
-        process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
-            - process::apiserver_cpu_seconds(&api_cpu_before);
+    let api_cpu_after = process::apiserver_metrics(client).await?;
+    let baseline_api_cpu = process::apiserver_cpu_seconds(&api_cpu_after)
+        - process::apiserver_cpu_seconds(&api_cpu_before);
+    print_requests(&section, "baseline", &api_cpu_before, &api_cpu_after);
     eprintln!(
         "{section}: baseline, {n} ConfigMap applies at concurrency {}: {:.2}s",
         p.concurrent,
@@ -179,9 +180,15 @@ async fn one_size(
         .last_first_seen()
         .context("no Artifact seen")?
         .duration_since(of.started);
+    let first = artifacts
+        .first_first_seen()
+        .context("no Artifact seen")?
+        .duration_since(of.started);
     let sync_openflux_cpu = of.cpu_seconds();
-    let sync_api_cpu = process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
+    let api_at_sync = process::apiserver_metrics(client).await?;
+    let sync_api_cpu = process::apiserver_cpu_seconds(&api_at_sync)
         - process::apiserver_cpu_seconds(&api_at_start);
+    print_requests(&section, "initial sync", &api_at_start, &api_at_sync);
     eprintln!(
         "{section}: all Artifacts present after {:.2}s",
         present.as_secs_f64()
@@ -315,6 +322,7 @@ async fn one_size(
 
     let measured = Measured {
         present,
+        first,
         baseline_sync,
         artifact_sync,
         sync_writes,
@@ -336,4 +344,18 @@ async fn one_size(
     drop(sources);
     figures::push(&section, n, &measured, report);
     Ok(())
+}
+
+/// What the API server was asked during a phase, largest counts first.
+fn print_requests(section: &str, phase: &str, before: &str, after: &str) {
+    let grown = process::requests_between(
+        &process::apiserver_requests(before),
+        &process::apiserver_requests(after),
+    );
+    let lines: Vec<String> = grown
+        .iter()
+        .take(16)
+        .map(|(key, count)| format!("{count:.0} {key}"))
+        .collect();
+    eprintln!("{section}: {phase}, API server: {}", lines.join(", "));
 }
