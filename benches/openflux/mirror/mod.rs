@@ -121,6 +121,7 @@ async fn one_size(
     // For comparison: the same number of Artifacts written by a plain
     // client, in a namespace openflux does not watch.
     let plain_artifacts = cluster::api(client, plain_ns, &cluster::artifacts());
+    let api_cpu_before = process::apiserver_metrics(client).await?;
     let artifact_sync = timed_applies(&plain_artifacts, n, p.concurrent, |name, i| {
         let a = artifact(plain_ns, name, i as u64 + 1);
         json!({
@@ -131,8 +132,11 @@ async fn one_size(
         })
     })
     .await?;
+    let artifact_api_cpu =
+        process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
+            - process::apiserver_cpu_seconds(&api_cpu_before);
     eprintln!(
-        "{section}: {n} Artifact applies by a plain client at concurrency {}: {:.2}s",
+        "{section}: {n} Artifact applies by a plain client at concurrency {}: {:.2}s, {artifact_api_cpu:.1} API server CPU-seconds",
         p.concurrent,
         artifact_sync.as_secs_f64()
     );
