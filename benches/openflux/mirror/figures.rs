@@ -12,7 +12,8 @@ pub struct Measured {
     pub present: Duration,
     /// openflux start to the first Artifact present: its start-up.
     pub first: Duration,
-    /// N ConfigMap applies, and N Artifact applies, by a plain client.
+    /// N ConfigMap applies, and the N Artifacts openflux writes applied by a
+    /// plain client as openflux.
     pub baseline_sync: Duration,
     pub artifact_sync: Duration,
     /// Per source, during the initial sync.
@@ -63,7 +64,7 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
     report.push(
         Figure::new(
             section,
-            "initial sync vs. N Artifact applies by a plain client",
+            "initial sync vs. the same Artifacts by a plain client",
             "s",
             present,
         )
