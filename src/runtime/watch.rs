@@ -15,7 +15,6 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::router::{route, Change, Event};
@@ -91,29 +90,6 @@ impl Scope {
     }
 }
 
-/// Turns at a first list, shared by all watches of a process: each watch
-/// lists for the first time when no other is, so a start holds the pages
-/// of one list at a time however many kinds it watches (a restart with
-/// every Artifact present would otherwise parse a page of Artifacts and a
-/// page of each source kind at once). A watch gives its turn up at the end
-/// of its list or at its first error, so a kind that cannot be listed
-/// holds no one up.
-#[derive(Clone, Debug)]
-pub struct ListTurns(Arc<Semaphore>);
-
-impl Default for ListTurns {
-    fn default() -> Self {
-        ListTurns(Arc::new(Semaphore::new(1)))
-    }
-}
-
-impl ListTurns {
-    /// Waits for the turn; it passes on when the permit is dropped.
-    pub async fn take(&self) -> Option<OwnedSemaphorePermit> {
-        self.0.clone().acquire_owned().await.ok()
-    }
-}
-
 /// One watch: what to watch, and how.
 pub struct Watch<K: Resource> {
     pub api: Api<K>,
@@ -127,8 +103,6 @@ pub struct Watch<K: Resource> {
     pub what: String,
     /// What to check when the watch fails, for people reading the logs.
     pub hint: &'static str,
-    /// Whose turn it is to list ([`ListTurns`]).
-    pub turns: ListTurns,
 }
 
 impl<K> Watch<K>
@@ -154,14 +128,8 @@ where
             keep,
             what,
             hint,
-            turns,
         } = self;
         let reader = writer.as_reader();
-        // The watcher lists on its first poll, so only after the turn.
-        let mut turn = tokio::select! {
-            turn = turns.take() => turn,
-            _ = shutdown.cancelled() => return,
-        };
         let mut events = watcher(api, config)
             .backoff(WatchBackoff::default())
             .modify(slim)
@@ -178,7 +146,6 @@ where
                 Ok(Some(event)) => event,
                 Ok(None) => return,
                 Err(error) => {
-                    drop(turn.take());
                     synced.failed();
                     match &mut failing {
                         None => {
@@ -227,7 +194,6 @@ where
                         watcher::Event::Delete(object) => sink(Change::Deleted(object)),
                         watcher::Event::InitDone => {
                             tracing::debug!(watch = %what, "watch synced");
-                            drop(turn.take());
                             synced.synced();
                             sink(Change::Relisted(&reader.state()));
                         }
@@ -334,133 +300,6 @@ mod tests {
     use super::*;
     use crate::api::{Artifact, ArtifactSpec};
     use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
-    use serde_json::json;
-    use tokio::sync::mpsc::UnboundedReceiver;
-
-    /// A fake API server: it sends the path of each list request to the
-    /// returned channel, holds the list of `held` until `release` fires,
-    /// refuses the list of `refused`, and never answers a watch request.
-    fn lists_server(
-        release: tokio::sync::watch::Receiver<bool>,
-    ) -> (Client, UnboundedReceiver<String>) {
-        use axum::http::{Request, Response, StatusCode};
-        let (seen, lists) = tokio::sync::mpsc::unbounded_channel();
-        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
-            let (seen, mut release) = (seen.clone(), release.clone());
-            async move {
-                if request.uri().query().unwrap_or("").contains("watch=true") {
-                    std::future::pending::<()>().await;
-                }
-                let path = request
-                    .uri()
-                    .path()
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("")
-                    .to_string();
-                let _ = seen.send(path.clone());
-                let (status, body) = match path.as_str() {
-                    "refused" => (
-                        StatusCode::FORBIDDEN,
-                        json!({"kind": "Status", "apiVersion": "v1",
-                        "status": "Failure", "reason": "Forbidden", "code": 403}),
-                    ),
-                    _ => {
-                        if path == "held" {
-                            let _ = release.wait_for(|go| *go).await;
-                        }
-                        (
-                            StatusCode::OK,
-                            json!({"apiVersion": "v1", "kind": "List",
-                            "metadata": {"resourceVersion": "1"}, "items": []}),
-                        )
-                    }
-                };
-                let mut response = Response::new(kube::client::Body::from(
-                    serde_json::to_vec(&body).unwrap_or_default(),
-                ));
-                *response.status_mut() = status;
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        });
-        (Client::new(service, "default"), lists)
-    }
-
-    fn start_watch(client: &Client, plural: &str, turns: &ListTurns, shutdown: &CancellationToken) {
-        let resource = ApiResource {
-            group: String::new(),
-            version: "v1".into(),
-            api_version: "v1".into(),
-            kind: "Thing".into(),
-            plural: plural.into(),
-        };
-        let watch = Watch {
-            api: Api::<DynamicObject>::all_with(client.clone(), &resource),
-            config: paged(),
-            slim: without_managed_fields,
-            keep: keep_all,
-            what: plural.to_string(),
-            hint: "",
-            turns: turns.clone(),
-        };
-        let readiness = crate::telemetry::Readiness::default();
-        tokio::spawn(watch.run(
-            Writer::new(resource),
-            readiness.controller_watch(plural),
-            |_| {},
-            shutdown.clone(),
-        ));
-    }
-
-    /// The next list request, or `None` when none comes while every task
-    /// waits (the clock is paused, so the wait ends only when all are idle).
-    async fn next_list(lists: &mut UnboundedReceiver<String>) -> Option<String> {
-        tokio::time::timeout(Duration::from_secs(10), lists.recv())
-            .await
-            .ok()
-            .flatten()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn watches_list_for_the_first_time_one_after_another() {
-        let (go, release) = tokio::sync::watch::channel(false);
-        let (client, mut lists) = lists_server(release);
-        let (turns, shutdown) = (ListTurns::default(), CancellationToken::new());
-        start_watch(&client, "held", &turns, &shutdown);
-        assert_eq!(next_list(&mut lists).await.as_deref(), Some("held"));
-        start_watch(&client, "other", &turns, &shutdown);
-        assert_eq!(
-            next_list(&mut lists).await,
-            None,
-            "listed during another's first list"
-        );
-        go.send_replace(true);
-        assert_eq!(next_list(&mut lists).await.as_deref(), Some("other"));
-        shutdown.cancel();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_that_cannot_list_gives_its_turn_up() {
-        let (_go, release) = tokio::sync::watch::channel(false);
-        let (client, mut lists) = lists_server(release);
-        let (turns, shutdown) = (ListTurns::default(), CancellationToken::new());
-        start_watch(&client, "refused", &turns, &shutdown);
-        assert_eq!(next_list(&mut lists).await.as_deref(), Some("refused"));
-        start_watch(&client, "other", &turns, &shutdown);
-        // The refused watch retries with backoff; the other lists between.
-        let mut seen = Vec::new();
-        while seen.len() < 5 && !seen.iter().any(|p| p == "other") {
-            match next_list(&mut lists).await {
-                Some(path) => seen.push(path),
-                None => break,
-            }
-        }
-        assert!(
-            seen.iter().any(|p| p == "other"),
-            "the other watch never listed: {seen:?}"
-        );
-        shutdown.cancel();
-    }
 
     #[test]
     fn large_watches_list_consistently_in_pages() {
