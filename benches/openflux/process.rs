@@ -273,12 +273,11 @@ pub fn apiserver_requests(metrics: &str) -> BTreeMap<String, f64> {
     for (name, labels, value) in metrics.lines().filter_map(parse_sample) {
         let key = match name {
             "apiserver_request_total" => {
+                let verb = label(&labels, "verb").unwrap_or("");
                 let resource = label(&labels, "resource").unwrap_or("");
                 match label(&labels, "subresource").filter(|s| !s.is_empty()) {
-                    Some(sub) => {
-                        format!("{} {resource}/{sub}", label(&labels, "verb").unwrap_or(""))
-                    }
-                    None => format!("{} {resource}", label(&labels, "verb").unwrap_or("")),
+                    Some(sub) => format!("{verb} {resource}/{sub}"),
+                    None => format!("{verb} {resource}"),
                 }
             }
             "apiserver_watch_events_total" => {

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
+use openflux_api::{MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL};
+
 use crate::cluster::{self, MANAGER};
 use crate::observe::{string_at, Observer};
 use crate::process::{self, Openflux};
@@ -145,9 +147,9 @@ async fn one_size(
         json!({
             "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
             "metadata": {"name": name, "labels": {
-                "app.kubernetes.io/managed-by": "openflux",
-                "openflux.dev/source-kind": "gitrepository",
-                "openflux.dev/source-name": source_name(i),
+                MANAGED_BY_LABEL: MANAGED_BY,
+                SOURCE_KIND_LABEL: "gitrepository",
+                SOURCE_NAME_LABEL: source_name(i),
             }},
             "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
                      "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
