@@ -206,7 +206,10 @@ pub async fn wait_established(env: &Env, names: &[&str]) {
     wait_established_within(env, names, TIMEOUT).await
 }
 
-/// Waits, at most `timeout` for each, until every named CRD is Established.
+/// Waits, at most `timeout` for each, until every named CRD is Established
+/// and discovery serves each of its served versions: the API server marks
+/// a CRD Established a moment before its group version is discoverable,
+/// and a client that resolves the kind by discovery fails in between.
 pub async fn wait_established_within(env: &Env, names: &[&str], timeout: Duration) {
     for name in names {
         wait_for(&format!("CRD {name} established"), timeout, || async {
@@ -220,11 +223,23 @@ pub async fn wait_established_within(env: &Env, names: &[&str], timeout: Duratio
                 .await
                 .ok()
                 .flatten()?;
-            crd.data["status"]["conditions"]
+            let established = crd.data["status"]["conditions"]
                 .as_array()?
                 .iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-                .then_some(())
+                .any(|c| c["type"] == "Established" && c["status"] == "True");
+            if !established {
+                return None;
+            }
+            let group = crd.data["spec"]["group"].as_str()?;
+            let kind = crd.data["spec"]["names"]["kind"].as_str()?;
+            for version in crd.data["spec"]["versions"].as_array()? {
+                if version["served"] != true {
+                    continue;
+                }
+                let gvk = GroupVersionKind::gvk(group, version["name"].as_str()?, kind);
+                pinned_kind(&env.client, &gvk).await.ok()?;
+            }
+            Some(())
         })
         .await;
     }
