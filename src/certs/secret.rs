@@ -19,7 +19,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use openflux_api::runtime::{EventRecorder, FluxEvent};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -28,6 +27,7 @@ use super::keeper::{SwappableCert, CA_FILE, CERT_FILE, KEY_FILE};
 use super::material::{material_from_pem, parse_certs};
 use super::rotation::Timing;
 use super::stored::Names;
+use crate::runtime::watch::{retrying, works};
 use crate::telemetry::SyncGuard;
 
 /// Name of the Secret unless told otherwise.
@@ -93,7 +93,7 @@ pub async fn serve(
 ) {
     let api: Api<Secret> = Api::namespaced(client, &certs.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", certs.name));
-    let events = watcher(api, config).default_backoff();
+    let events = retrying(api, config);
     tokio::pin!(events);
     let mut last: Option<[u8; 32]> = None;
     loop {
@@ -114,8 +114,10 @@ pub async fn serve(
                 seen.send_modify(|n| *n += 1);
                 continue;
             }
-            Some(Ok(_)) => {
-                ready.ok();
+            Some(Ok(event)) => {
+                if works(&event) {
+                    ready.ok();
+                }
                 continue;
             }
             Some(Err(error)) => {

@@ -17,7 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, PartialObjectMeta};
 use kube::discovery::{Discovery, Scope as DiscoveryScope};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -35,7 +35,7 @@ use crate::cluster::target::{
 };
 use crate::consumers::table::{Reader, CONSUMERS};
 use crate::locks;
-use crate::runtime::watch::WatchBackoff;
+use crate::runtime::watch::retrying;
 use crate::telemetry::SyncGuard;
 
 /// Where an ExternalArtifact carries its producer's inputs (source-controller
@@ -150,17 +150,15 @@ async fn watch_triggers(
     poke: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
-    let crds = watcher(
+    let crds = retrying(
         Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone()),
         watcher::Config::default(),
     )
-    .backoff(WatchBackoff::default())
     .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
-    let deployments = watcher(
+    let deployments = retrying(
         Api::<PartialObjectMeta<Deployment>>::namespaced(client, &flux_namespace),
         watcher::Config::default().labels(&component_selector()),
     )
-    .backoff(WatchBackoff::default())
     .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
     let mut all = std::pin::pin!(futures::stream::select(crds, deployments));
     loop {

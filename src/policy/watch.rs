@@ -9,13 +9,14 @@ use std::sync::{Arc, RwLock};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch as signal;
 
 use super::{Policies, Rule};
 use crate::api::policy::SourcePolicy;
 use crate::locks;
+use crate::runtime::watch::retrying;
 use crate::telemetry::Readiness;
 
 /// One watch event, reduced to what [`Policies`] keeps.
@@ -109,8 +110,7 @@ pub async fn run(
         ]
     });
     let config = watcher::Config::default().any_semantic();
-    let mut policies = watcher(Api::<SourcePolicy>::all(client.clone()), config.clone())
-        .default_backoff()
+    let mut policies = retrying(Api::<SourcePolicy>::all(client.clone()), config.clone())
         .map(|e| {
             (
                 0,
@@ -118,8 +118,7 @@ pub async fn run(
             )
         })
         .boxed();
-    let mut namespaces = watcher(Api::<PartialObjectMeta<Namespace>>::all(client), config)
-        .default_backoff()
+    let mut namespaces = retrying(Api::<PartialObjectMeta<Namespace>>::all(client), config)
         .map(|e| {
             (
                 1,
@@ -137,6 +136,12 @@ pub async fn run(
         };
         let Some((which, event)) = next else { return };
         let guard = guards.as_mut().map(|g| &mut g[which]);
+        // Every attempt at a list begins with Listing, also the retries
+        // of a list that keeps failing: it proves nothing.
+        let listing = matches!(
+            event,
+            Ok(Either::Policy(Seen::Listing) | Either::Namespace(Seen::Listing))
+        );
         let changed = match event {
             Ok(Either::Policy(seen)) => rules.see(seen),
             Ok(Either::Namespace(seen)) => labels.see(seen),
@@ -149,7 +154,9 @@ pub async fn run(
             }
         };
         if let Some(guard) = guard {
-            guard.ok();
+            if !listing {
+                guard.ok();
+            }
             if [rules.synced, labels.synced][which] {
                 guard.synced();
             }
@@ -171,6 +178,31 @@ enum Either {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::watch::fake_api::lists_server;
+    use crate::telemetry::WATCH_STALE_AFTER;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_policy_watch_whose_relist_keeps_failing_makes_the_replica_unready() {
+        // The first list of SourcePolicies is answered, its watch is told
+        // to list again, and every list after that is refused.
+        let (client, _lists) = lists_server(
+            |path, n| path != "sourcepolicies" || n == 0,
+            &["sourcepolicies"],
+        );
+        let readiness = Arc::new(Readiness::default());
+        let (_stop, stop) = signal::channel(false);
+        let policies: Arc<RwLock<Policies>> = Arc::default();
+        tokio::spawn(run(client, policies.clone(), Some(readiness.clone()), stop));
+        // The paused clock moves on whenever every task waits.
+        tokio::time::sleep(WATCH_STALE_AFTER + Duration::from_secs(5)).await;
+        assert!(locks::read(&policies).synced, "both watches listed once");
+        let why = readiness.why_not_ready();
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("sourcepolicies")),
+            "{why:?}"
+        );
+    }
 
     #[test]
     fn a_relist_replaces_what_was_kept_when_complete() {

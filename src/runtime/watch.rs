@@ -5,10 +5,11 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::utils::Backoff;
@@ -130,10 +131,7 @@ where
             hint,
         } = self;
         let reader = writer.as_reader();
-        let mut events = watcher(api, config)
-            .backoff(WatchBackoff::default())
-            .modify(slim)
-            .boxed();
+        let mut events = retrying(api, config).modify(slim).boxed();
         // When the current streak of errors began, and whether it was
         // reported as broken.
         let mut failing: Option<(tokio::time::Instant, bool)> = None;
@@ -170,11 +168,13 @@ where
                     continue;
                 }
             };
-            if let Some((since, true)) = failing {
-                tracing::info!(watch = %what, failed_for = since.elapsed().as_secs(), "watch recovered");
+            if works(&event) {
+                if let Some((since, true)) = failing {
+                    tracing::info!(watch = %what, failed_for = since.elapsed().as_secs(), "watch recovered");
+                }
+                failing = None;
+                synced.ok();
             }
-            failing = None;
-            synced.ok();
             match event {
                 watcher::Event::Apply(object) if !keep(&object) => {
                     // Out of the store (it may have been kept before), still routed.
@@ -206,6 +206,33 @@ where
     }
 }
 
+/// `watcher(api, config)`, retried after an error with [`WatchBackoff`],
+/// which starts again from its first step only once the watch [`works`].
+pub fn retrying<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    let backoff = WatchBackoff::default();
+    let worked = backoff.clone();
+    watcher(api, config).backoff(backoff).inspect(move |event| {
+        if event.as_ref().is_ok_and(works) {
+            worked.worked();
+        }
+    })
+}
+
+/// Whether a watch event proves that the watch works: anything the API
+/// server sent. The watcher announces every attempt at a list with an
+/// Init, also each retry of a list that keeps failing, so an Init proves
+/// nothing.
+pub fn works<K>(event: &watcher::Event<K>) -> bool {
+    !matches!(event, watcher::Event::Init)
+}
+
 /// The first delay before a failed watch is retried.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
 /// The longest delay between retries of a failed watch. Short, so that a
@@ -217,20 +244,36 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(4);
 
 /// Exponential backoff from [`BACKOFF_MIN`] to [`BACKOFF_MAX`], each delay
 /// between half and all of its step (so replicas do not retry in step),
-/// reset by the first event after an error.
-#[derive(Debug, Default)]
+/// reset by [`WatchBackoff::worked`] ([`retrying`] calls it when the watch
+/// [`works`] again). kube resets a backoff on every item
+/// its stream yields, and its watcher yields an Init before each attempt
+/// at a list, so a list that kept failing would be retried at the first
+/// step forever; that reset does nothing here.
+#[derive(Clone, Debug, Default)]
 pub struct WatchBackoff {
-    failures: u32,
+    failures: Arc<AtomicU32>,
+}
+
+impl WatchBackoff {
+    /// The watch works again: the next failure waits the first step.
+    pub fn worked(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
+        let failures = self
+            .failures
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| {
+                Some(f.saturating_add(1))
+            })
+            .unwrap_or_else(|f| f);
         let step = BACKOFF_MIN
-            .saturating_mul(1 << self.failures.min(16))
+            .saturating_mul(1 << failures.min(16))
             .min(BACKOFF_MAX);
-        self.failures = self.failures.saturating_add(1);
         // Jitter from the clock's nanoseconds: good enough to spread retries.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -241,9 +284,7 @@ impl Iterator for WatchBackoff {
 }
 
 impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.failures = 0;
-    }
+    fn reset(&mut self) {}
 }
 
 /// Keeps every object.
@@ -295,11 +336,131 @@ impl Hub {
     }
 }
 
+/// A fake API server for unit tests of watches.
+#[cfg(test)]
+pub(crate) mod fake_api {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use axum::http::{Request, Response, StatusCode};
+    use kube::Client;
+    use serde_json::json;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    /// Serves lists and watches of any resource: the last path segment of
+    /// each list request goes to the returned channel; `serves(path, n)`
+    /// says whether the `n`th list of `path` (from 0) is answered, empty,
+    /// or refused with 403. A watch of a path in `gone` is answered with
+    /// 410 Gone (its client must list again); any other watch never ends.
+    pub fn lists_server(
+        serves: impl Fn(&str, usize) -> bool + Send + Sync + 'static,
+        gone: &'static [&'static str],
+    ) -> (Client, UnboundedReceiver<String>) {
+        let (seen, lists) = tokio::sync::mpsc::unbounded_channel();
+        let counts = std::sync::Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+        let serves = std::sync::Arc::new(serves);
+        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+            let (seen, counts, serves) = (seen.clone(), counts.clone(), serves.clone());
+            async move {
+                let path = request.uri().path().rsplit('/').next().unwrap_or("");
+                let (status, body) = if request.uri().query().unwrap_or("").contains("watch=true") {
+                    if !gone.contains(&path) {
+                        std::future::pending::<()>().await;
+                    }
+                    let event = json!({"type": "ERROR", "object": {"kind": "Status",
+                        "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                        "message": "too old resource version", "code": 410}});
+                    (StatusCode::OK, event)
+                } else {
+                    let _ = seen.send(path.to_string());
+                    let n = {
+                        let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+                        let n = counts.entry(path.to_string()).or_default();
+                        *n += 1;
+                        *n - 1
+                    };
+                    if serves(path, n) {
+                        let list = json!({"apiVersion": "v1", "kind": "List",
+                            "metadata": {"resourceVersion": "1"}, "items": []});
+                        (StatusCode::OK, list)
+                    } else {
+                        let status = json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "Forbidden", "code": 403});
+                        (StatusCode::FORBIDDEN, status)
+                    }
+                };
+                let mut response = Response::new(kube::client::Body::from(
+                    serde_json::to_vec(&body).unwrap_or_default(),
+                ));
+                *response.status_mut() = status;
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        (Client::new(service, "default"), lists)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{Artifact, ArtifactSpec};
+    use fake_api::lists_server;
     use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
+
+    /// Runs a watch of `plural` as one of the leader's watches.
+    fn start_watch(
+        client: &Client,
+        plural: &str,
+        readiness: &crate::telemetry::Readiness,
+        shutdown: &CancellationToken,
+    ) {
+        let resource = ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Thing".into(),
+            plural: plural.into(),
+        };
+        let watch = Watch {
+            api: Api::<DynamicObject>::all_with(client.clone(), &resource),
+            config: paged(),
+            slim: without_managed_fields,
+            keep: keep_all,
+            what: plural.to_string(),
+            hint: "",
+        };
+        tokio::spawn(watch.run(
+            Writer::new(resource),
+            readiness.controller_watch(plural),
+            |_| {},
+            shutdown.clone(),
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_whose_list_keeps_failing_backs_off_and_is_reported_broken() {
+        let (client, mut lists) = lists_server(|path, _| path != "refused", &[]);
+        let readiness = crate::telemetry::Readiness::default();
+        let shutdown = CancellationToken::new();
+        start_watch(&client, "refused", &readiness, &shutdown);
+        start_watch(&client, "listed", &readiness, &shutdown);
+        // The paused clock moves on whenever every task waits.
+        tokio::time::sleep(WATCH_STALE_AFTER + Duration::from_secs(5)).await;
+        let mut attempts = 0;
+        while let Ok(path) = lists.try_recv() {
+            attempts += usize::from(path == "refused");
+        }
+        // Backing off to BACKOFF_MAX: at most about 35 lists in 65 s; at
+        // the first step it would be hundreds.
+        assert!(
+            (5..=40).contains(&attempts),
+            "{attempts} lists in {WATCH_STALE_AFTER:?}"
+        );
+        let broken = readiness.degraded();
+        assert_eq!(broken.len(), 1, "{broken:?}");
+        assert!(broken[0].contains("refused"), "{broken:?}");
+        shutdown.cancel();
+    }
 
     #[test]
     fn large_watches_list_consistently_in_pages() {
@@ -362,6 +523,11 @@ mod tests {
         assert!(delays.iter().all(|d| *d <= BACKOFF_MAX));
         assert!(delays[11] >= BACKOFF_MAX / 2, "{delays:?}");
         backoff.reset();
+        assert!(
+            backoff.next().is_some_and(|d| d >= BACKOFF_MAX / 2),
+            "kube's reset on every item is ignored"
+        );
+        backoff.worked();
         assert!(backoff.next().is_some_and(|d| d <= BACKOFF_MIN));
     }
 }

@@ -23,6 +23,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
 use crate::certs::{parse_certs, pem_of};
+use crate::runtime::watch::retrying;
 
 /// Most certificates openflux leaves in a bundle.
 pub const MAX_BUNDLE_CERTS: usize = 4;
@@ -145,9 +146,7 @@ pub async fn keep_injected<C: Configuration>(
 ) {
     let api: Api<C> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let events = watcher(api.clone(), config)
-        .default_backoff()
-        .applied_objects();
+    let events = retrying(api.clone(), config).applied_objects();
     tokio::pin!(events);
     let mut bundle = ours.borrow_and_update().clone();
     let mut dirty = true;

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::configuration::{self, Target, Write};
+use crate::runtime::watch::retrying;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const REASON_FAILED: &str = "ValidatingWebhookFailed";
@@ -92,13 +93,11 @@ impl Publisher {
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &p.namespace);
         let (endpoints, writer) = reflector::store();
         let selector = format!("kubernetes.io/service-name={}", p.service);
-        let slice_events = watcher(slices, watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .reflect(writer);
+        let slice_events =
+            retrying(slices, watcher::Config::default().labels(&selector)).reflect(writer);
         let configs: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let by_name = format!("metadata.name={}", p.configuration);
-        let config_events =
-            watcher(configs, watcher::Config::default().fields(&by_name)).default_backoff();
+        let config_events = retrying(configs, watcher::Config::default().fields(&by_name));
         tokio::pin!(slice_events, config_events);
         let mut synced = false;
         let mut dirty = true;
