@@ -67,6 +67,8 @@ pub struct Context {
     /// How a failed reconcile is retried (`--min-retry-delay`,
     /// `--max-retry-delay`).
     pub retry: openflux_api::runtime::RetryArgs,
+    /// Turns at a first list, shared by every watch of the process.
+    pub list_turns: crate::runtime::watch::ListTurns,
 }
 
 impl Context {

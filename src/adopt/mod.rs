@@ -64,6 +64,7 @@ pub async fn run(
         keep: keep_all,
         what: format!("Open Flux Artifacts ({group})"),
         hint: "can openflux list and watch this Artifact API? see its ClusterRole",
+        turns: ctx.list_turns.clone(),
     };
     let sink_look = look.clone();
     let sink_ctx = ctx.clone();

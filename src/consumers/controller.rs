@@ -86,6 +86,7 @@ impl Consumers {
                 keep: keep_all,
                 what: format!("{} consumers", consumer.kind),
                 hint: "can openflux list and watch this Flux consumer kind? see its ClusterRole",
+                turns: ctx.list_turns.clone(),
             };
             let (ctx2, look, freed) = (ctx.clone(), sinks.look.clone(), sinks.freed.clone());
             tasks.spawn(watch.run(

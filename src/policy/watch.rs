@@ -178,7 +178,7 @@ enum Either {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::watch::fake_api::lists_server;
+    use crate::runtime::watch::fake_api::{lists_server, List};
     use crate::telemetry::WATCH_STALE_AFTER;
     use std::time::Duration;
 
@@ -187,7 +187,10 @@ mod tests {
         // The first list of SourcePolicies is answered, its watch is told
         // to list again, and every list after that is refused.
         let (client, _lists) = lists_server(
-            |path, n| path != "sourcepolicies" || n == 0,
+            |path, n| match (path, n) {
+                ("sourcepolicies", 1..) => List::Refused,
+                _ => List::Empty,
+            },
             &["sourcepolicies"],
         );
         let readiness = Arc::new(Readiness::default());

@@ -316,6 +316,7 @@ impl Controllers {
             keep: keep_all,
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
+            turns: self.ctx.list_turns.clone(),
         };
         let synced = self.readiness.controller_watch(&watch.what);
         self.tasks.spawn(watch.run(
@@ -357,6 +358,7 @@ impl Controllers {
             keep: keep_all,
             what: "exported objects".to_string(),
             hint: "can openflux list and watch ExternalArtifacts and OCIRepositories? see its ClusterRole",
+            turns: self.ctx.list_turns.clone(),
         };
         self.tasks.spawn(watch.run(
             writer,

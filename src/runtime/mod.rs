@@ -134,6 +134,7 @@ where
         verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
         shard: args.shard()?,
         retry: runtime.retry,
+        list_turns: Default::default(),
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
@@ -158,6 +159,7 @@ where
         keep: |artifact| !crate::mirror::is_mirrored(artifact),
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
+        turns: ctx.list_turns.clone(),
     };
     let artifact_hub = hub.clone();
     let watch = tokio::spawn(watch.run(

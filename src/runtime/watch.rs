@@ -16,6 +16,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::router::{route, Change, Event};
@@ -91,6 +92,29 @@ impl Scope {
     }
 }
 
+/// Turns at a first list, shared by all watches of a process: each watch
+/// lists for the first time when no other is, so a start holds the pages
+/// of one list at a time however many kinds it watches (a restart with
+/// every Artifact present would otherwise parse a page of Artifacts and a
+/// page of each source kind at once). A watch gives its turn up at the end
+/// of its list or at its first error, so a kind that cannot be listed
+/// holds no one up.
+#[derive(Clone, Debug)]
+pub struct ListTurns(Arc<Semaphore>);
+
+impl Default for ListTurns {
+    fn default() -> Self {
+        ListTurns(Arc::new(Semaphore::new(1)))
+    }
+}
+
+impl ListTurns {
+    /// Waits for the turn; it passes on when the permit is dropped.
+    pub async fn take(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.clone().acquire_owned().await.ok()
+    }
+}
+
 /// One watch: what to watch, and how.
 pub struct Watch<K: Resource> {
     pub api: Api<K>,
@@ -104,6 +128,8 @@ pub struct Watch<K: Resource> {
     pub what: String,
     /// What to check when the watch fails, for people reading the logs.
     pub hint: &'static str,
+    /// Whose turn it is to list ([`ListTurns`]).
+    pub turns: ListTurns,
 }
 
 impl<K> Watch<K>
@@ -129,8 +155,14 @@ where
             keep,
             what,
             hint,
+            turns,
         } = self;
         let reader = writer.as_reader();
+        // The watcher lists on its first poll, so only after the turn.
+        let mut turn = tokio::select! {
+            turn = turns.take() => turn,
+            _ = shutdown.cancelled() => return,
+        };
         let mut events = retrying(api, config).modify(slim).boxed();
         // When the current streak of errors began, and whether it was
         // reported as broken.
@@ -144,6 +176,7 @@ where
                 Ok(Some(event)) => event,
                 Ok(None) => return,
                 Err(error) => {
+                    drop(turn.take());
                     synced.failed();
                     match &mut failing {
                         None => {
@@ -194,6 +227,7 @@ where
                         watcher::Event::Delete(object) => sink(Change::Deleted(object)),
                         watcher::Event::InitDone => {
                             tracing::debug!(watch = %what, "watch synced");
+                            drop(turn.take());
                             synced.synced();
                             sink(Change::Relisted(&reader.state()));
                         }
@@ -347,13 +381,23 @@ pub(crate) mod fake_api {
     use serde_json::json;
     use tokio::sync::mpsc::UnboundedReceiver;
 
+    /// How the fake answers one list.
+    pub enum List {
+        /// An empty list.
+        Empty,
+        /// 403 Forbidden.
+        Refused,
+        /// An empty list, once the receiver turns true.
+        After(tokio::sync::watch::Receiver<bool>),
+    }
+
     /// Serves lists and watches of any resource: the last path segment of
     /// each list request goes to the returned channel; `serves(path, n)`
-    /// says whether the `n`th list of `path` (from 0) is answered, empty,
-    /// or refused with 403. A watch of a path in `gone` is answered with
-    /// 410 Gone (its client must list again); any other watch never ends.
+    /// says how the `n`th list of `path` (from 0) is answered. A watch of
+    /// a path in `gone` is answered with 410 Gone (its client must list
+    /// again); any other watch never ends.
     pub fn lists_server(
-        serves: impl Fn(&str, usize) -> bool + Send + Sync + 'static,
+        serves: impl Fn(&str, usize) -> List + Send + Sync + 'static,
         gone: &'static [&'static str],
     ) -> (Client, UnboundedReceiver<String>) {
         let (seen, lists) = tokio::sync::mpsc::unbounded_channel();
@@ -379,24 +423,32 @@ pub(crate) mod fake_api {
                         *n += 1;
                         *n - 1
                     };
-                    if serves(path, n) {
+                    let answer = serves(path, n);
+                    if let List::After(mut release) = answer {
+                        let _ = release.wait_for(|go| *go).await;
+                    } else if let List::Refused = answer {
+                        let status = json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "Forbidden", "code": 403});
+                        return Ok(answer_with(StatusCode::FORBIDDEN, status));
+                    }
+                    {
                         let list = json!({"apiVersion": "v1", "kind": "List",
                             "metadata": {"resourceVersion": "1"}, "items": []});
                         (StatusCode::OK, list)
-                    } else {
-                        let status = json!({"kind": "Status", "apiVersion": "v1",
-                            "status": "Failure", "reason": "Forbidden", "code": 403});
-                        (StatusCode::FORBIDDEN, status)
                     }
                 };
-                let mut response = Response::new(kube::client::Body::from(
-                    serde_json::to_vec(&body).unwrap_or_default(),
-                ));
-                *response.status_mut() = status;
-                Ok::<_, std::convert::Infallible>(response)
+                Ok::<_, std::convert::Infallible>(answer_with(status, body))
             }
         });
         (Client::new(service, "default"), lists)
+    }
+
+    fn answer_with(status: StatusCode, body: serde_json::Value) -> Response<kube::client::Body> {
+        let mut response = Response::new(kube::client::Body::from(
+            serde_json::to_vec(&body).unwrap_or_default(),
+        ));
+        *response.status_mut() = status;
+        response
     }
 }
 
@@ -404,13 +456,81 @@ pub(crate) mod fake_api {
 mod tests {
     use super::*;
     use crate::api::{Artifact, ArtifactSpec};
-    use fake_api::lists_server;
+    use crate::telemetry::Readiness;
+    use fake_api::{lists_server, List};
     use kube::runtime::watcher::{InitialListStrategy, ListSemantic};
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    fn refused(path: &str, _: usize) -> List {
+        if path == "refused" {
+            List::Refused
+        } else {
+            List::Empty
+        }
+    }
+
+    /// The next list request, or `None` when none comes while every task
+    /// waits (the clock is paused, so the wait ends only when all are idle).
+    async fn next_list(lists: &mut UnboundedReceiver<String>) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(10), lists.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watches_list_for_the_first_time_one_after_another() {
+        let (go, release) = tokio::sync::watch::channel(false);
+        let (client, mut lists) = lists_server(
+            move |path, _| match path {
+                "held" => List::After(release.clone()),
+                _ => List::Empty,
+            },
+            &[],
+        );
+        let (turns, readiness) = (ListTurns::default(), Readiness::default());
+        let shutdown = CancellationToken::new();
+        start_watch(&client, "held", &turns, &readiness, &shutdown);
+        assert_eq!(next_list(&mut lists).await.as_deref(), Some("held"));
+        start_watch(&client, "other", &turns, &readiness, &shutdown);
+        assert_eq!(
+            next_list(&mut lists).await,
+            None,
+            "listed during another's first list"
+        );
+        go.send_replace(true);
+        assert_eq!(next_list(&mut lists).await.as_deref(), Some("other"));
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_cannot_list_gives_its_turn_up() {
+        let (client, mut lists) = lists_server(refused, &[]);
+        let (turns, readiness) = (ListTurns::default(), Readiness::default());
+        let shutdown = CancellationToken::new();
+        start_watch(&client, "refused", &turns, &readiness, &shutdown);
+        assert_eq!(next_list(&mut lists).await.as_deref(), Some("refused"));
+        start_watch(&client, "other", &turns, &readiness, &shutdown);
+        // The refused watch retries with backoff; the other lists between.
+        let mut seen = Vec::new();
+        while seen.len() < 5 && !seen.iter().any(|p| p == "other") {
+            match next_list(&mut lists).await {
+                Some(path) => seen.push(path),
+                None => break,
+            }
+        }
+        assert!(
+            seen.iter().any(|p| p == "other"),
+            "the other watch never listed: {seen:?}"
+        );
+        shutdown.cancel();
+    }
 
     /// Runs a watch of `plural` as one of the leader's watches.
     fn start_watch(
         client: &Client,
         plural: &str,
+        turns: &ListTurns,
         readiness: &crate::telemetry::Readiness,
         shutdown: &CancellationToken,
     ) {
@@ -428,6 +548,7 @@ mod tests {
             keep: keep_all,
             what: plural.to_string(),
             hint: "",
+            turns: turns.clone(),
         };
         tokio::spawn(watch.run(
             Writer::new(resource),
@@ -439,11 +560,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_watch_whose_list_keeps_failing_backs_off_and_is_reported_broken() {
-        let (client, mut lists) = lists_server(|path, _| path != "refused", &[]);
-        let readiness = crate::telemetry::Readiness::default();
+        let (client, mut lists) = lists_server(refused, &[]);
+        let (turns, readiness) = (ListTurns::default(), Readiness::default());
         let shutdown = CancellationToken::new();
-        start_watch(&client, "refused", &readiness, &shutdown);
-        start_watch(&client, "listed", &readiness, &shutdown);
+        start_watch(&client, "refused", &turns, &readiness, &shutdown);
+        start_watch(&client, "listed", &turns, &readiness, &shutdown);
         // The paused clock moves on whenever every task waits.
         tokio::time::sleep(WATCH_STALE_AFTER + Duration::from_secs(5)).await;
         let mut attempts = 0;
