@@ -3,7 +3,9 @@
 //! namespace.
 //!
 //! - initial sync: openflux start to all N Artifacts seen by a watch;
-//!   baseline: N server-side applies of ConfigMaps at openflux's concurrency;
+//!   baselines: N server-side applies of ConfigMaps, and of the Artifacts
+//!   openflux would write, at openflux's concurrency, each deleted before
+//!   the next phase so every phase finds the API server holding the same;
 //! - propagation: a status write to the Artifact's update seen by a watch;
 //!   baselines: a two-hop relay of the same sources (`relay.rs`: the floor
 //!   of openflux's path), and the same watch client seeing the source's
@@ -132,6 +134,17 @@ async fn one_size(
         p.concurrent,
         baseline_sync.as_secs_f64()
     );
+    let delete_bound = Duration::from_secs(120) + Duration::from_millis(10 * n as u64);
+    let cleared = setup::delete_all(
+        &configmaps,
+        &format!("app.kubernetes.io/managed-by={MANAGER}"),
+        delete_bound,
+    )
+    .await?;
+    eprintln!(
+        "{section}: the ConfigMaps deleted in {:.1}s",
+        cleared.as_secs_f64()
+    );
     // The floor of openflux's own writes: the Artifacts it would write
     // (its labels, and its identity where the control plane gives it one,
     // so the same RBAC and admission policy judge them), by a plain client
@@ -141,21 +154,9 @@ async fn one_size(
         None => client.clone(),
     };
     let plain_artifacts = cluster::api(&writer, plain_ns, &cluster::artifacts());
+    let plain_artifact = |name: &str, i: usize| plain_artifact(plain_ns, name, i);
     let api_cpu_before = process::apiserver_metrics(client).await?;
-    let artifact_sync = timed_applies(&plain_artifacts, n, p.concurrent, |name, i| {
-        let a = artifact(plain_ns, name, i as u64 + 1);
-        json!({
-            "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
-            "metadata": {"name": name, "labels": {
-                MANAGED_BY_LABEL: MANAGED_BY,
-                SOURCE_KIND_LABEL: "gitrepository",
-                SOURCE_NAME_LABEL: source_name(i),
-            }},
-            "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
-                     "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
-        })
-    })
-    .await?;
+    let artifact_sync = timed_applies(&plain_artifacts, n, p.concurrent, plain_artifact).await?;
     let artifact_api_cpu =
         process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
             - process::apiserver_cpu_seconds(&api_cpu_before);
@@ -163,6 +164,14 @@ async fn one_size(
         "{section}: the same {n} Artifacts applied by a plain client at concurrency {}: {:.2}s, {artifact_api_cpu:.1} API server CPU-seconds",
         p.concurrent,
         artifact_sync.as_secs_f64()
+    );
+    // The sync then finds what the floors found: the N sources, nothing
+    // of the floors' N writes each.
+    let plain_admin = cluster::api(client, plain_ns, &cluster::artifacts());
+    let cleared = setup::delete_all(&plain_admin, "", delete_bound).await?;
+    eprintln!(
+        "{section}: the plain Artifacts deleted in {:.1}s",
+        cleared.as_secs_f64()
     );
 
     // The current artifact of each source, so a no-op write can repeat it.
@@ -217,7 +226,10 @@ async fn one_size(
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // The two-hop floor: a relay of the same sources into the plain
-    // namespace's Artifacts, running beside openflux from here on.
+    // namespace's Artifacts, running beside openflux from here on. Its
+    // Artifacts exist first (the floor's, written again, untimed), so its
+    // writes are updates, as openflux's are.
+    timed_applies(&plain_artifacts, n, p.concurrent, plain_artifact).await?;
     let relayed = Observer::start("relayed Artifact", relay::api(client, plain_ns), |o| {
         string_at(o, "/spec/revision")
     });
@@ -378,4 +390,21 @@ fn print_requests(section: &str, phase: &str, before: &str, after: &str) {
         .map(|(key, count)| format!("{count:.0} {key}"))
         .collect();
     eprintln!("{section}: {phase}, API server: {}", lines.join(", "));
+}
+
+/// The Artifact openflux would write for source `i`, as the plain client
+/// of the floor and the relay's target: openflux's labels, `name` in
+/// `plain_ns`.
+fn plain_artifact(plain_ns: &str, name: &str, i: usize) -> Value {
+    let a = artifact(plain_ns, name, i as u64 + 1);
+    json!({
+        "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": name, "labels": {
+            MANAGED_BY_LABEL: MANAGED_BY,
+            SOURCE_KIND_LABEL: "gitrepository",
+            SOURCE_NAME_LABEL: source_name(i),
+        }},
+        "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
+                 "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
+    })
 }

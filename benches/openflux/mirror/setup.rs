@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::{stream, StreamExt, TryStreamExt};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 use crate::cluster::{MANAGER, SOURCE};
@@ -95,6 +95,32 @@ pub async fn timed_applies(
         .try_for_each(|_| async { Ok(()) })
         .await?;
     Ok(started.elapsed())
+}
+
+/// Deletes the objects of `api` that `selector` selects (all: empty) and
+/// waits until a list shows none, bounded by `bound`; returns how long it
+/// took. A floor removes what it wrote this way, so the phase after it
+/// finds the API server holding what it held before the floor.
+pub async fn delete_all(
+    api: &Api<DynamicObject>,
+    selector: &str,
+    bound: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let lp = ListParams::default().labels(selector);
+    api.delete_collection(&DeleteParams::background(), &lp)
+        .await
+        .context("deleting a floor's objects")?;
+    let first = lp.clone().limit(1);
+    loop {
+        if api.list_metadata(&first).await?.items.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > bound {
+            anyhow::bail!("a floor's objects were still there after {bound:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Creates `n` suspended GitRepositories in `ns` and writes an artifact
