@@ -20,8 +20,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
-use openflux_api::{MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL};
-
 use crate::cluster::{self, MANAGER};
 use crate::observe::{string_at, Observer};
 use crate::process::{self, Openflux};
@@ -36,7 +34,7 @@ mod setup;
 use crate::support::Env;
 use figures::Measured;
 use relay::Relay;
-use setup::{artifact, source_name, timed_applies, write_status};
+use setup::{artifact, plain_artifact, source_name, timed_applies, write_status};
 
 pub struct Params {
     /// Numbers of sources, one run each.
@@ -229,7 +227,9 @@ async fn one_size(
     // namespace's Artifacts, running beside openflux from here on. Its
     // Artifacts exist first (the floor's, written again, untimed), so its
     // writes are updates, as openflux's are.
+    let api_before_relay = process::apiserver_metrics(client).await?;
     timed_applies(&plain_artifacts, n, p.concurrent, plain_artifact).await?;
+    let api_after_relay = process::apiserver_metrics(client).await?;
     let relayed = Observer::start("relayed Artifact", relay::api(client, plain_ns), |o| {
         string_at(o, "/spec/revision")
     });
@@ -247,8 +247,11 @@ async fn one_size(
     let relay_before = relay.writes();
     let api_before = process::apiserver_metrics(client).await?;
     // What the initial sync cost per source, for the record.
-    let sync_writes = (process::apiserver_writes(&api_before, "openflux.dev", "artifacts")
-        - process::apiserver_writes(&api_at_start, "openflux.dev", "artifacts"))
+    // openflux's writes from its start until now, without the relay's
+    // Artifacts written again in between.
+    let writes = |m: &str| process::apiserver_writes(m, "openflux.dev", "artifacts");
+    let sync_writes = (writes(&api_before) - writes(&api_at_start) + writes(&api_before_relay)
+        - writes(&api_after_relay))
         / n as f64;
     let sync_reconciles = process::mirror_reconciles(&of_before) / n as f64;
     let mut via_openflux = Vec::with_capacity(p.samples);
@@ -390,21 +393,4 @@ fn print_requests(section: &str, phase: &str, before: &str, after: &str) {
         .map(|(key, count)| format!("{count:.0} {key}"))
         .collect();
     eprintln!("{section}: {phase}, API server: {}", lines.join(", "));
-}
-
-/// The Artifact openflux would write for source `i`, as the plain client
-/// of the floor and the relay's target: openflux's labels, `name` in
-/// `plain_ns`.
-fn plain_artifact(plain_ns: &str, name: &str, i: usize) -> Value {
-    let a = artifact(plain_ns, name, i as u64 + 1);
-    json!({
-        "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": name, "labels": {
-            MANAGED_BY_LABEL: MANAGED_BY,
-            SOURCE_KIND_LABEL: "gitrepository",
-            SOURCE_NAME_LABEL: source_name(i),
-        }},
-        "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
-                 "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
-    })
 }

@@ -8,7 +8,9 @@ use futures::{stream, StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
-use crate::cluster::{MANAGER, SOURCE};
+use openflux_api::{MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL};
+
+use crate::cluster::{self, MANAGER, SOURCE};
 
 /// The Flux finalizer, set at creation so source-controller has nothing to
 /// write on a suspended source.
@@ -152,4 +154,21 @@ pub async fn create_sources(
         .buffer_unordered(concurrency)
         .try_for_each(|_| async { Ok(()) })
         .await
+}
+
+/// The Artifact openflux would write for source `i`, as the plain client
+/// of the floor and the relay's target: openflux's labels, `name` in
+/// `plain_ns`.
+pub fn plain_artifact(plain_ns: &str, name: &str, i: usize) -> Value {
+    let a = artifact(plain_ns, name, i as u64 + 1);
+    json!({
+        "apiVersion": cluster::ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": name, "labels": {
+            MANAGED_BY_LABEL: MANAGED_BY,
+            SOURCE_KIND_LABEL: "gitrepository",
+            SOURCE_NAME_LABEL: source_name(i),
+        }},
+        "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
+                 "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
+    })
 }
