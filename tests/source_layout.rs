@@ -76,6 +76,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("cluster::gate", Layer::Shell),
     ("consumers::controller", Layer::Shell),
     ("mirror", Layer::Shell),
+    ("mirror::backlog", Layer::Shell),
     ("export", Layer::Shell),
     ("export::verify", Layer::Shell),
     ("export::census", Layer::Shell),

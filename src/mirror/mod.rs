@@ -10,6 +10,7 @@
 //! API write and so does each new revision. [`plan`] decides; this module
 //! runs the controller that writes what it decided.
 
+pub mod backlog;
 pub mod plan;
 pub mod source;
 
@@ -20,11 +21,12 @@ use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
 use openflux_api::runtime::{ControllerId, ControllerMetrics, Retries};
 
+pub use backlog::Backlog;
 pub use plan::{fingerprint, is_mirrored, is_own_export, plan, slim, InvalidSource, Plan};
 use plan::{Stored, StoredArtifact, StoredOwner};
 pub use source::{FluxSource, SourceKind};
@@ -103,14 +105,14 @@ pub struct Mirror {
 }
 
 impl Mirror {
-    /// Runs until `shutdown`, reconciling each source `triggers` names.
+    /// Runs until `shutdown`, reconciling each source `backlog` gives.
     /// `sources` is the store the watch of this kind keeps (slimmed by
     /// [`slim`]); the controller waits until that watch listed everything.
     pub async fn run(
         self,
         ctx: Arc<Context>,
         sources: Store<FluxSource>,
-        triggers: impl futures::Stream<Item = ObjectRef<FluxSource>> + Send + 'static,
+        backlog: Arc<Backlog>,
         concurrency: u16,
         shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
     ) {
@@ -126,6 +128,7 @@ impl Mirror {
         let nothing = futures::stream::pending::<Result<FluxSource, watcher::Error>>();
         let retries = Arc::new(Retries::new(ctx.retry));
         let failed = retries.clone();
+        let triggers = backlog.clone().triggers(self.resource.clone());
         Controller::for_stream_with(nothing, sources, self.resource)
             .with_config(ControllerConfig::default().concurrency(concurrency))
             .reconcile_on(triggers)
@@ -152,7 +155,10 @@ impl Mirror {
                 },
                 ctx,
             )
-            .for_each(|_| futures::future::ready(()))
+            .for_each(|done| {
+                backlog.finished(&done);
+                futures::future::ready(())
+            })
             .await;
         tracing::info!(kind, "mirror controller stopped");
     }

@@ -31,7 +31,7 @@ use crate::context::Context;
 use crate::export::release::target_resource;
 use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
-use crate::mirror::{self, DiscoveryError, FluxSource, Mirror, SourceKind};
+use crate::mirror::{self, Backlog, DiscoveryError, FluxSource, Mirror, SourceKind};
 use crate::telemetry::Readiness;
 
 /// How often the leader looks for source kinds the cluster did not serve yet.
@@ -41,7 +41,7 @@ pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
 struct Mirrored {
     resource: SourceKind,
     sources: Store<FluxSource>,
-    wake: UnboundedSender<ObjectRef<FluxSource>>,
+    backlog: Arc<Backlog>,
 }
 
 /// The running export controller.
@@ -325,7 +325,7 @@ impl Controllers {
             move |change| hub.take(Event::Source(stock, change)),
             self.shutdown.clone(),
         ));
-        let (wake, triggers) = unbounded();
+        let backlog = Backlog::new(2 * usize::from(self.concurrency));
         let mirror = Mirror {
             source: stock,
             resource: resource.clone(),
@@ -333,14 +333,14 @@ impl Controllers {
         self.tasks.spawn(mirror.run(
             self.ctx.clone(),
             sources.clone(),
-            triggers,
+            backlog.clone(),
             self.concurrency,
             self.shutdown.clone().cancelled_owned(),
         ));
         let mirrored = Mirrored {
             resource,
             sources,
-            wake,
+            backlog,
         };
         self.mirrors.insert(stock.kind, mirrored);
     }

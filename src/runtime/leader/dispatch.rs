@@ -77,9 +77,13 @@ impl Controllers {
                     name,
                 } => {
                     if let Some(mirror) = self.mirrors.get(source) {
+                        // A source the store does not hold has nothing to
+                        // mirror; its watch wakes it when it comes.
                         let source =
                             ObjectRef::new_with(name, mirror.resource.clone()).within(namespace);
-                        let _ = mirror.wake.unbounded_send(source);
+                        if let Some(source) = mirror.sources.get(&source) {
+                            mirror.backlog.wake(source);
+                        }
                     }
                 }
             }
@@ -95,9 +99,7 @@ impl Controllers {
         }
         for mirror in self.mirrors.values() {
             for source in mirror.sources.state() {
-                let _ = mirror
-                    .wake
-                    .unbounded_send(ObjectRef::from_obj_with(&*source, mirror.resource.clone()));
+                mirror.backlog.wake(source);
             }
         }
     }
