@@ -117,7 +117,8 @@ impl Backlog {
     }
 
     /// How many sources wait, and how many are given.
-    pub fn len(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
         let state = locks::lock(&self.state);
         (state.waiting.len(), state.given.len())
     }
@@ -197,6 +198,22 @@ mod tests {
             .map(|r| r.name)
     }
 
+    /// A backlog of `room` with `sources` woken in order, and its triggers.
+    fn woken<const N: usize>(
+        room: usize,
+        sources: [&Arc<FluxSource>; N],
+    ) -> (
+        Arc<Backlog>,
+        std::pin::Pin<Box<impl Stream<Item = ObjectRef<FluxSource>>>>,
+    ) {
+        let backlog = Backlog::new(room);
+        for source in sources {
+            backlog.wake(source.clone());
+        }
+        let triggers = Box::pin(backlog.clone().triggers(kind()));
+        (backlog, triggers)
+    }
+
     type Output = Result<(ObjectRef<FluxSource>, Action), Error<std::io::Error, std::io::Error>>;
 
     fn reconciled(source: &Arc<FluxSource>) -> Output {
@@ -208,12 +225,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_source_gone_before_its_turn_or_failed_makes_room() {
-        let backlog = Backlog::new(1);
         let (a, b, c) = (source("a"), source("b"), source("c"));
-        for s in [&a, &b, &c] {
-            backlog.wake(s.clone());
-        }
-        let mut triggers = Box::pin(backlog.clone().triggers(kind()));
+        let (backlog, mut triggers) = woken(1, [&a, &b, &c]);
         let erased = |s: &Arc<FluxSource>| Box::new(ObjectRef::from_obj_with(&**s, kind()).erase());
         assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
         // Deleted while it waited: the controller never calls the reconcile.
@@ -230,12 +243,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn gives_no_more_than_its_room_until_reconciles_end() {
-        let backlog = Backlog::new(2);
         let (a, b, c) = (source("a"), source("b"), source("c"));
-        for s in [&a, &b, &c] {
-            backlog.wake(s.clone());
-        }
-        let mut triggers = Box::pin(backlog.clone().triggers(kind()));
+        let (backlog, mut triggers) = woken(2, [&a, &b, &c]);
         assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
         assert_eq!(next(&mut triggers).await.as_deref(), Some("b"));
         assert_eq!(next(&mut triggers).await, None, "more given than its room");
@@ -247,11 +256,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_source_woken_twice_waits_once_and_not_beside_its_own_reconcile() {
-        let backlog = Backlog::new(4);
         let (a, b) = (source("a"), source("b"));
-        backlog.wake(a.clone());
-        backlog.wake(a.clone());
-        let mut triggers = Box::pin(backlog.clone().triggers(kind()));
+        let (backlog, mut triggers) = woken(4, [&a, &a]);
         assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
         assert_eq!(next(&mut triggers).await, None, "woken twice, given twice");
         // Woken during its reconcile: given again only after it ends, while
