@@ -62,7 +62,10 @@ pub struct SourceMatch {
 /// The owner index.
 #[derive(Debug, Default)]
 pub struct OwnerIndex {
-    artifacts: HashMap<ArtifactKey, IndexedArtifact>,
+    /// Each entry boxed: the table holds a key and a pointer per slot, so
+    /// growing it, or holding a list's entries beside it, copies and holds
+    /// 40 bytes per Artifact rather than 230.
+    artifacts: HashMap<ArtifactKey, Box<IndexedArtifact>>,
     by_source: HashMap<SourceKey, SmallSet<Text>>,
     /// (kind, namespace, name) -> groups that have such a source with Artifacts.
     by_kind: HashMap<(Text, Text, Text), SmallSet<Text>>,
@@ -72,8 +75,11 @@ pub struct OwnerIndex {
     /// Artifacts seen since the last complete list.
     words: HashSet<Text>,
     /// The Artifacts of a list in progress, set aside until it ends: a
-    /// list's Artifacts wait here rather than as whole objects.
-    listed: Vec<IndexedArtifact>,
+    /// list's Artifacts wait here rather than as whole objects. Boxed as
+    /// the table's entries are: they move into it when the list ends, and
+    /// the vector grows by pointers.
+    #[allow(clippy::vec_box, reason = "the boxes move into the table as they are")]
+    listed: Vec<Box<IndexedArtifact>>,
     synced: bool,
 }
 
@@ -99,26 +105,26 @@ impl OwnerIndex {
     /// Makes one change.
     pub fn change(&mut self, change: IndexChange) {
         match change {
-            IndexChange::Apply(entry) => self.insert(entry),
+            IndexChange::Apply(entry) => self.insert(Box::new(entry)),
             IndexChange::Delete(key) => self.remove(&key),
             IndexChange::Listing => self.listed = Vec::new(),
-            IndexChange::Listed(entry) => self.listed.push(entry),
+            IndexChange::Listed(entry) => self.listed.push(Box::new(entry)),
             IndexChange::Reset(entries) => {
                 let listed = std::mem::take(&mut self.listed);
-                self.reset(entries.into_iter().chain(listed));
+                self.replace(entries.into_iter().map(Box::new).chain(listed));
             }
         }
     }
 
     /// The Artifacts set aside by the list in progress.
-    pub fn listed(&self) -> &[IndexedArtifact] {
-        &self.listed
+    pub fn listed(&self) -> impl ExactSizeIterator<Item = &IndexedArtifact> {
+        self.listed.iter().map(|entry| &**entry)
     }
 
     /// Adds or updates one Artifact.
     pub fn apply(&mut self, artifact: &Artifact) {
         if let Some(entry) = IndexedArtifact::from_artifact(artifact) {
-            self.insert(entry);
+            self.insert(Box::new(entry));
         }
     }
 
@@ -131,6 +137,10 @@ impl OwnerIndex {
 
     /// Replaces the whole content.
     pub fn reset(&mut self, entries: impl IntoIterator<Item = IndexedArtifact>) {
+        self.replace(entries.into_iter().map(Box::new));
+    }
+
+    fn replace(&mut self, entries: impl Iterator<Item = Box<IndexedArtifact>>) {
         self.artifacts.clear();
         self.by_source.clear();
         self.by_kind.clear();
@@ -138,7 +148,6 @@ impl OwnerIndex {
         self.words.clear();
         // Sized once for the whole list: growing step by step would hold
         // the old table and the new one at each step.
-        let entries = entries.into_iter();
         let n = entries.size_hint().0;
         self.artifacts.reserve(n);
         self.by_source.reserve(n);
@@ -160,7 +169,7 @@ impl OwnerIndex {
         }
     }
 
-    fn insert(&mut self, mut entry: IndexedArtifact) {
+    fn insert(&mut self, mut entry: Box<IndexedArtifact>) {
         if self.artifacts.get(&entry.key) == Some(&entry) {
             return;
         }
@@ -228,7 +237,9 @@ impl OwnerIndex {
 
     /// One Artifact by namespace and name.
     pub fn artifact(&self, namespace: &str, name: &str) -> Option<&IndexedArtifact> {
-        self.artifacts.get(&ArtifactKeyRef { namespace, name })
+        self.artifacts
+            .get(&ArtifactKeyRef { namespace, name })
+            .map(|entry| &**entry)
     }
 
     /// The Artifacts of a source. `group: None` matches by kind alone, which
@@ -295,7 +306,7 @@ impl OwnerIndex {
             .get(uid)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.artifacts.get(k))
+            .filter_map(|k| self.artifacts.get(k).map(|entry| &**entry))
             .collect()
     }
 

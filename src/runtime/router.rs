@@ -31,7 +31,7 @@ use kube::ResourceExt;
 
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::export::shadow::SHADOW_LABEL;
-use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex};
+use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex, Text};
 use crate::mirror::plan::is_own_export;
 use crate::mirror::source::FluxSource;
 use crate::names;
@@ -79,11 +79,13 @@ pub enum Wake {
         namespace: String,
         name: String,
     },
-    /// The mirror of a stock source kind, for this source.
+    /// The mirror of a stock source kind, for this source. The names are
+    /// shared with the owner index where they come from it: a relist of N
+    /// mirrored Artifacts wakes N sources at once.
     Mirror {
         source: &'static str,
-        namespace: String,
-        name: String,
+        namespace: Text,
+        name: Text,
     },
 }
 
@@ -189,8 +191,8 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
         if let Some(stock) = StockSource::find(&owner.source.group, &owner.source.kind) {
             wake.insert(Wake::Mirror {
                 source: stock.kind,
-                namespace: owner.source.namespace.to_string(),
-                name: owner.source.name.to_string(),
+                namespace: owner.source.namespace.clone(),
+                name: owner.source.name.clone(),
             });
             return wake;
         }
@@ -218,16 +220,16 @@ fn freed_mirror_name(entry: &IndexedArtifact) -> Option<Wake> {
     });
     (!mirrored).then(|| Wake::Mirror {
         source: stock.kind,
-        namespace: entry.key.namespace.to_string(),
-        name: name.to_string(),
+        namespace: entry.key.namespace.clone(),
+        name: name.into(),
     })
 }
 
 fn mirror_wake(stock: &'static StockSource, source: &FluxSource) -> Option<Wake> {
     (!is_own_export(stock, source)).then(|| Wake::Mirror {
         source: stock.kind,
-        namespace: source.namespace().unwrap_or_default(),
-        name: source.name_any(),
+        namespace: source.namespace().unwrap_or_default().into(),
+        name: source.name_any().into(),
     })
 }
 

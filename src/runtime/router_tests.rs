@@ -293,7 +293,7 @@ fn a_list_in_parts_replaces_the_index_only_when_it_ends() {
     take(&mut index, Change::Listing);
     take(&mut index, Change::Listed(&other));
     take(&mut index, Change::Listing);
-    assert!(index.listed().is_empty());
+    assert_eq!(index.listed().len(), 0);
 
     take(&mut index, Change::Listed(&git));
     // Readers still see the whole index as it was, not the list so far.
@@ -321,5 +321,5 @@ fn a_list_in_parts_replaces_the_index_only_when_it_ends() {
     names.sort();
     assert_eq!(names, ["gitrepository-podinfo", "web-latest"]);
     assert_eq!(index.len(), 2);
-    assert!(index.listed().is_empty() && index.is_synced());
+    assert!(index.listed().len() == 0 && index.is_synced());
 }
