@@ -106,16 +106,31 @@ pub fn is_own_export(stock: &StockSource, source: &FluxSource) -> bool {
             || labels.contains_key(crate::export::shadow::SHADOW_LABEL))
 }
 
+/// The labels of a source the mirror reads: whether openflux made it
+/// ([`is_own_export`]) and its shard.
+const READ_LABELS: [&str; 3] = [
+    MANAGED_BY_LABEL,
+    crate::export::shadow::SHADOW_LABEL,
+    shard::SHARD_LABEL,
+];
+
 /// Keeps of a cached source only what the mirror reads: its name,
-/// namespace, uid and labels (the artifact is all that is left of the rest,
-/// see [`FluxSource`]).
+/// namespace, uid and the labels it reads (the artifact is all that is left
+/// of the rest, see [`FluxSource`]). Sources applied by Flux carry labels of
+/// their own; a map of even one label costs a few hundred bytes.
 pub fn slim(source: &mut FluxSource) {
     let meta = std::mem::take(&mut source.metadata);
+    let labels: BTreeMap<String, String> = meta
+        .labels
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| READ_LABELS.contains(&key.as_str()))
+        .collect();
     source.metadata = ObjectMeta {
         name: meta.name,
         namespace: meta.namespace,
         uid: meta.uid,
-        labels: meta.labels.filter(|l| !l.is_empty()),
+        labels: (!labels.is_empty()).then_some(labels),
         ..ObjectMeta::default()
     };
 }
@@ -500,7 +515,7 @@ mod tests {
         let mut s = source(
             "GitRepository",
             json!({"artifact": flux_artifact(), "conditions": []}),
-            json!({"a": "b"}),
+            json!({"a": "b", shard::SHARD_LABEL: "shard1"}),
         );
         let before = plan(
             &StockSource::GIT_REPOSITORY,
@@ -511,7 +526,10 @@ mod tests {
         s.metadata.resource_version = Some("9".into());
         s.metadata.finalizers = Some(vec!["finalizers.fluxcd.io".into()]);
         slim(&mut s);
-        assert_eq!(s.labels()["a"], "b");
+        assert_eq!(
+            s.labels(),
+            &BTreeMap::from([(shard::SHARD_LABEL.to_string(), "shard1".to_string())])
+        );
         assert_eq!(
             (
                 s.metadata.resource_version.as_ref(),
@@ -528,6 +546,21 @@ mod tests {
             )
             .unwrap(),
             before
+        );
+        let mut shadow = source(
+            "OCIRepository",
+            json!({"artifact": flux_artifact()}),
+            json!({MANAGED_BY_LABEL: MANAGED_BY, crate::export::shadow::SHADOW_LABEL: "true", "a": "b"}),
+        );
+        slim(&mut shadow);
+        assert_eq!(
+            plan(
+                &StockSource::OCI_REPOSITORY,
+                "source.toolkit.fluxcd.io/v1",
+                &shadow
+            )
+            .unwrap(),
+            Plan::Skip
         );
         let mut gone = source("GitRepository", json!({}), json!({}));
         slim(&mut gone);
