@@ -103,6 +103,11 @@ pub async fn timed_applies(
 /// waits until a list shows none, bounded by `bound`; returns how long it
 /// took. A floor removes what it wrote this way, so the phase after it
 /// finds the API server holding what it held before the floor.
+///
+/// The API server cuts a DELETECOLLECTION off at its request timeout (60
+/// seconds; tens of thousands of objects on a busy machine take longer),
+/// having deleted only part of the collection; the next call goes on from
+/// what is left.
 pub async fn delete_all(
     api: &Api<DynamicObject>,
     selector: &str,
@@ -110,19 +115,31 @@ pub async fn delete_all(
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let lp = ListParams::default().labels(selector);
-    api.delete_collection(&DeleteParams::background(), &lp)
-        .await
-        .context("deleting a floor's objects")?;
     let first = lp.clone().limit(1);
+    let mut cut_off = delete_collection(api, &lp).await;
     loop {
         if api.list_metadata(&first).await?.items.is_empty() {
             return Ok(started.elapsed());
         }
         if started.elapsed() > bound {
-            anyhow::bail!("a floor's objects were still there after {bound:?}");
+            let why = cut_off.map(|e| format!(" (the last DELETECOLLECTION: {e})"));
+            anyhow::bail!(
+                "a floor's objects were still there after {bound:?}{}",
+                why.unwrap_or_default()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if cut_off.is_some() {
+            cut_off = delete_collection(api, &lp).await;
+        }
     }
+}
+
+/// One DELETECOLLECTION; its error, if the API server cut it off.
+async fn delete_collection(api: &Api<DynamicObject>, lp: &ListParams) -> Option<kube::Error> {
+    api.delete_collection(&DeleteParams::background(), lp)
+        .await
+        .err()
 }
 
 /// Creates `n` suspended GitRepositories in `ns` and writes an artifact
