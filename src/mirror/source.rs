@@ -1,5 +1,5 @@
-//! A stock Flux source as the mirror keeps it: its identity, its labels and
-//! its `status.artifact` as one JSON text, nothing else.
+//! A stock Flux source as the mirror keeps it: its identity, the labels the
+//! mirror reads and its `status.artifact` as one JSON text, nothing else.
 //!
 //! Thousands of sources sit in the mirror's cache and in its controller's
 //! queue at once, so the object is small and the kind it belongs to is
