@@ -77,6 +77,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("consumers::controller", Layer::Shell),
     ("mirror", Layer::Shell),
     ("mirror::backlog", Layer::Shell),
+    ("mirror::runner", Layer::Shell),
+    ("mirror::store", Layer::Shell),
     ("export", Layer::Shell),
     ("export::verify", Layer::Shell),
     ("export::census", Layer::Shell),

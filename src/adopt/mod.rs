@@ -70,7 +70,7 @@ pub async fn run(
     let sink_ctx = ctx.clone();
     // Owned by this task: aborted with it, never left running on their own.
     let mut watching = AbortOnDropHandle::new(tokio::spawn(watch.run(
-        writer,
+        Some(writer),
         synced,
         move |change| observe(&sink_ctx, group, change, &sink_look),
         shutdown.clone(),

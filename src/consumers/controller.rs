@@ -90,7 +90,7 @@ impl Consumers {
             };
             let (ctx2, look, freed) = (ctx.clone(), sinks.look.clone(), sinks.freed.clone());
             tasks.spawn(watch.run(
-                writer,
+                Some(writer),
                 readiness.controller_watch(&format!("{} consumers", consumer.kind)),
                 move |change| observe(&ctx2, consumer, change, &look, &freed),
                 shutdown.clone(),

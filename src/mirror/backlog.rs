@@ -1,35 +1,29 @@
-//! The sources waiting for a mirror's reconcile, handed to its controller a
-//! few at a time.
+//! The sources waiting for a mirror's reconcile, handed to its runner a few
+//! at a time.
 //!
-//! kube's controller takes every trigger into its scheduler as soon as it
-//! comes: the first list of N sources, or a restart, put N entries of a few
-//! hundred bytes each (the scheduler's map and delay queue, the channel
-//! before them) in memory at once. Here a waiting source costs a pointer to
-//! the object the watch's store already holds, and the controller is given
-//! a source only while fewer than `room` of those it was given are still
-//! being reconciled. A source woken again while it waits waits once; one
-//! woken while it is being reconciled waits until that reconcile ends.
+//! The first list of N sources, or a restart, wakes every source at once.
+//! Here a waiting source costs a pointer to the source the mirror's store
+//! already holds, and the runner is given a source only while fewer than
+//! `room` of those it was given are still being reconciled. A source woken
+//! again while it waits waits once; one woken while it is being reconciled
+//! waits until that reconcile ends.
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use futures::Stream;
-use kube::runtime::controller::{Action, Error};
-use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 
-use super::source::{FluxSource, SourceKind};
+use super::source::Source;
 use crate::locks;
 
 /// A source by namespace and name.
 #[derive(Clone)]
-struct Key(Arc<FluxSource>);
+struct Key(Arc<Source>);
 
 impl Key {
-    fn parts(&self) -> (Option<&str>, Option<&str>) {
-        let meta = &self.0.metadata;
-        (meta.namespace.as_deref(), meta.name.as_deref())
+    fn parts(&self) -> (&str, &str) {
+        (&self.0.namespace, &self.0.name)
     }
 }
 
@@ -53,8 +47,8 @@ struct State {
     waiting: VecDeque<Key>,
     /// The keys of `waiting`.
     queued: HashSet<Key>,
-    /// Given to the controller, their reconcile not ended yet: at most
-    /// `room`, so a list.
+    /// Given to the runner, their reconcile not ended yet: at most `room`,
+    /// so a list.
     given: Vec<Key>,
 }
 
@@ -75,9 +69,14 @@ impl Backlog {
         })
     }
 
+    /// How many sources it gives at most at a time.
+    pub fn room(&self) -> usize {
+        self.room
+    }
+
     /// Wakes `source`: it is reconciled once more, from whatever the store
     /// holds then.
-    pub fn wake(&self, source: Arc<FluxSource>) {
+    pub fn wake(&self, source: Arc<Source>) {
         let key = Key(source);
         let mut state = locks::lock(&self.state);
         if state.queued.insert(key.clone()) {
@@ -87,32 +86,16 @@ impl Backlog {
         }
     }
 
-    /// The controller is done with the source `name` in `namespace`:
-    /// reconciled (whatever the result), or not found in its store. Another
-    /// source may be given.
-    fn done(&self, namespace: Option<&str>, name: &str) {
+    /// The runner is done with `source` (reconciled, whatever the result,
+    /// or gone from the store): another source may be given.
+    pub fn done(&self, source: &Source) {
         let mut state = locks::lock(&self.state);
-        let given = state
-            .given
-            .iter()
-            .position(|key| key.parts() == (namespace, Some(name)));
+        let parts = (&*source.namespace, &*source.name);
+        let given = state.given.iter().position(|key| key.parts() == parts);
         if let Some(position) = given {
             state.given.swap_remove(position);
             drop(state);
             self.changed.notify_one();
-        }
-    }
-
-    /// Takes one output of the controller: every source it is done with,
-    /// reconciled (whatever the result) or gone from its store before its
-    /// turn, makes room.
-    pub fn finished<E, Q>(&self, output: &Result<(ObjectRef<FluxSource>, Action), Error<E, Q>>) {
-        match output {
-            Ok((source, _)) => self.done(source.namespace.as_deref(), &source.name),
-            Err(Error::ObjectNotFound(source) | Error::ReconcilerFailed(_, source)) => {
-                self.done(source.namespace.as_deref(), &source.name)
-            }
-            Err(Error::QueueError(_) | Error::RunnerError(_)) => {}
         }
     }
 
@@ -125,7 +108,7 @@ impl Backlog {
 
     /// The next source to give, if there is room and one that is not being
     /// reconciled already.
-    fn next(&self) -> Option<Arc<FluxSource>> {
+    fn next(&self) -> Option<Arc<Source>> {
         let mut state = locks::lock(&self.state);
         if state.given.len() >= self.room {
             return None;
@@ -140,143 +123,111 @@ impl Backlog {
         Some(key.0)
     }
 
-    /// The controller's triggers: each source when it is given. Ends never.
-    pub fn triggers(
-        self: Arc<Self>,
-        kind: SourceKind,
-    ) -> impl Stream<Item = ObjectRef<FluxSource>> + Send + 'static {
-        futures::stream::unfold(self, move |backlog| {
-            let kind = kind.clone();
-            async move {
-                loop {
-                    if let Some(source) = backlog.next() {
-                        let reference = ObjectRef::from_obj_with(&*source, kind);
-                        return Some((reference, backlog));
-                    }
-                    // A wake or an end after the look left a permit: this
-                    // wait then ends at once.
-                    backlog.changed.notified().await;
-                }
+    /// Waits for the next source to give. Safe to drop unfinished: a source
+    /// is taken only when this returns it.
+    pub async fn given(&self) -> Arc<Source> {
+        loop {
+            if let Some(source) = self.next() {
+                return source;
             }
-        })
+            // A wake or an end after the look left a permit: this wait then
+            // ends at once.
+            self.changed.notified().await;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt;
-    use kube::api::ObjectMeta;
-    use kube::core::{ApiResource, GroupVersionKind};
     use std::time::Duration;
 
-    fn source(name: &str) -> Arc<FluxSource> {
-        Arc::new(FluxSource {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("apps".into()),
-                ..ObjectMeta::default()
-            },
+    fn source(name: &str) -> Arc<Source> {
+        Arc::new(Source {
+            namespace: "apps".into(),
+            name: name.into(),
+            uid: None,
+            labels: Default::default(),
             artifact: None,
         })
     }
 
-    fn kind() -> SourceKind {
-        let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository");
-        SourceKind::new(ApiResource::from_gvk_with_plural(&gvk, "gitrepositories"))
-    }
-
-    /// The next trigger's name, or `None` when none comes while every task
+    /// The next source given, or `None` when none comes while every task
     /// waits (the clock is paused, so the wait ends only when all are idle).
-    async fn next(
-        triggers: &mut (impl Stream<Item = ObjectRef<FluxSource>> + Unpin),
-    ) -> Option<String> {
-        tokio::time::timeout(Duration::from_secs(10), triggers.next())
+    async fn next(backlog: &Backlog) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(10), backlog.given())
             .await
             .ok()
-            .flatten()
-            .map(|r| r.name)
+            .map(|s| s.name.to_string())
     }
 
-    /// A backlog of `room` with `sources` woken in order, and its triggers.
-    fn woken<const N: usize>(
-        room: usize,
-        sources: [&Arc<FluxSource>; N],
-    ) -> (
-        Arc<Backlog>,
-        std::pin::Pin<Box<impl Stream<Item = ObjectRef<FluxSource>>>>,
-    ) {
+    /// A backlog of `room` with `sources` woken in order.
+    fn woken<const N: usize>(room: usize, sources: [&Arc<Source>; N]) -> Arc<Backlog> {
         let backlog = Backlog::new(room);
         for source in sources {
             backlog.wake(source.clone());
         }
-        let triggers = Box::pin(backlog.clone().triggers(kind()));
-        (backlog, triggers)
-    }
-
-    type Output = Result<(ObjectRef<FluxSource>, Action), Error<std::io::Error, std::io::Error>>;
-
-    fn reconciled(source: &Arc<FluxSource>) -> Output {
-        Ok((
-            ObjectRef::from_obj_with(&**source, kind()),
-            Action::await_change(),
-        ))
+        backlog
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_source_gone_before_its_turn_or_failed_makes_room() {
+    async fn each_source_done_makes_room() {
         let (a, b, c) = (source("a"), source("b"), source("c"));
-        let (backlog, mut triggers) = woken(1, [&a, &b, &c]);
-        let erased = |s: &Arc<FluxSource>| Box::new(ObjectRef::from_obj_with(&**s, kind()).erase());
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
-        // Deleted while it waited: the controller never calls the reconcile.
-        let gone: Output = Err(Error::ObjectNotFound(erased(&a)));
-        backlog.finished(&gone);
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("b"));
-        let failed: Output = Err(Error::ReconcilerFailed(
-            std::io::Error::other("refused"),
-            erased(&b),
-        ));
-        backlog.finished(&failed);
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("c"));
+        let backlog = woken(1, [&a, &b, &c]);
+        assert_eq!(next(&backlog).await.as_deref(), Some("a"));
+        assert_eq!(next(&backlog).await, None, "more given than its room");
+        backlog.done(&a);
+        assert_eq!(next(&backlog).await.as_deref(), Some("b"));
+        backlog.done(&b);
+        assert_eq!(next(&backlog).await.as_deref(), Some("c"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn gives_no_more_than_its_room_until_reconciles_end() {
         let (a, b, c) = (source("a"), source("b"), source("c"));
-        let (backlog, mut triggers) = woken(2, [&a, &b, &c]);
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("b"));
-        assert_eq!(next(&mut triggers).await, None, "more given than its room");
+        let backlog = woken(2, [&a, &b, &c]);
+        assert_eq!(next(&backlog).await.as_deref(), Some("a"));
+        assert_eq!(next(&backlog).await.as_deref(), Some("b"));
+        assert_eq!(next(&backlog).await, None, "more given than its room");
         assert_eq!(backlog.len(), (1, 2));
-        backlog.finished(&reconciled(&b));
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("c"));
+        backlog.done(&b);
+        assert_eq!(next(&backlog).await.as_deref(), Some("c"));
         assert_eq!(backlog.len(), (0, 2));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_source_woken_twice_waits_once_and_not_beside_its_own_reconcile() {
         let (a, b) = (source("a"), source("b"));
-        let (backlog, mut triggers) = woken(4, [&a, &a]);
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
-        assert_eq!(next(&mut triggers).await, None, "woken twice, given twice");
+        let backlog = woken(4, [&a, &a]);
+        assert_eq!(next(&backlog).await.as_deref(), Some("a"));
+        assert_eq!(next(&backlog).await, None, "woken twice, given twice");
         // Woken during its reconcile: given again only after it ends, while
         // others pass it.
         backlog.wake(a.clone());
         backlog.wake(b.clone());
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("b"));
-        assert_eq!(
-            next(&mut triggers).await,
-            None,
-            "given during its reconcile"
-        );
-        backlog.finished(&reconciled(&a));
-        assert_eq!(next(&mut triggers).await.as_deref(), Some("a"));
+        assert_eq!(next(&backlog).await.as_deref(), Some("b"));
+        assert_eq!(next(&backlog).await, None, "given during its reconcile");
+        backlog.done(&a);
+        assert_eq!(next(&backlog).await.as_deref(), Some("a"));
         // The end of a reconcile the backlog did not give changes nothing.
-        backlog.finished(&reconciled(&source("other")));
-        let mut elsewhere = (*a).clone();
-        elsewhere.metadata.namespace = Some("elsewhere".into());
-        backlog.finished(&reconciled(&Arc::new(elsewhere)));
+        backlog.done(&source("other"));
+        let elsewhere = Source {
+            namespace: "elsewhere".into(),
+            name: "a".into(),
+            uid: None,
+            labels: Default::default(),
+            artifact: None,
+        };
+        backlog.done(&elsewhere);
         assert_eq!(backlog.len(), (0, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_dropped_unfinished_loses_nothing() {
+        let a = source("a");
+        let backlog = Backlog::new(1);
+        assert_eq!(next(&backlog).await, None);
+        backlog.wake(a.clone());
+        assert_eq!(next(&backlog).await.as_deref(), Some("a"));
     }
 }

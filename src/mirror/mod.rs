@@ -8,28 +8,31 @@
 //! of its source's, whose own `Ready` tells whether it is usable; kstatus
 //! reads an object without conditions as current), so a new source costs one
 //! API write and so does each new revision. [`plan`] decides; this module
-//! runs the controller that writes what it decided.
+//! writes what it decided, for each source [`runner`] gives it from the
+//! [`backlog`] and the [`store`] the source watch keeps.
 
 pub mod backlog;
 pub mod plan;
+mod runner;
 pub mod source;
+pub mod store;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::Store;
-use kube::runtime::{watcher, Controller};
 use kube::{Client, ResourceExt};
-use openflux_api::runtime::{ControllerId, ControllerMetrics, Retries};
+use openflux_api::runtime::{ControllerId, ControllerMetrics};
+use tokio_util::sync::CancellationToken;
 
 pub use backlog::Backlog;
-pub use plan::{fingerprint, is_mirrored, is_own_export, plan, slim, InvalidSource, Plan};
+pub use plan::{fingerprint, is_mirrored, is_own_export, plan, InvalidSource, Plan};
 use plan::{Stored, StoredArtifact, StoredOwner};
-pub use source::{FluxSource, SourceKind};
+pub use runner::Requeue;
+pub use source::{FluxSource, Source, SourceKind};
+pub use store::Sources;
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
@@ -98,85 +101,53 @@ pub async fn discover(
     Ok(None)
 }
 
-/// One mirror controller for one source kind.
+/// One mirror for one source kind.
 pub struct Mirror {
     pub source: &'static StockSource,
     pub resource: SourceKind,
 }
 
 impl Mirror {
-    /// Runs until `shutdown`, reconciling each source `backlog` gives.
-    /// `sources` is the store the watch of this kind keeps (slimmed by
-    /// [`slim`]); the controller waits until that watch listed everything.
+    /// Runs until `shutdown`, reconciling each source `backlog` gives (at
+    /// most `concurrency` at a time, the backlog's room) from what
+    /// `sources` holds then; then waits for the reconciles under way.
     pub async fn run(
         self,
         ctx: Arc<Context>,
-        sources: Store<FluxSource>,
+        sources: Sources,
         backlog: Arc<Backlog>,
         concurrency: u16,
-        shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+        shutdown: CancellationToken,
     ) {
         let stock = self.source;
-        let kind = stock.kind;
-        let ar = self.resource.clone();
+        let ar = self.resource;
         let metrics = ctx
             .metrics
             .reconciles
             .controller(&controller_id(stock), concurrency);
-        // Every trigger comes from the router; the controller's own stream
-        // stays empty.
-        let nothing = futures::stream::pending::<Result<FluxSource, watcher::Error>>();
-        let retries = Arc::new(Retries::new(ctx.retry));
-        let failed = retries.clone();
-        let triggers = backlog.clone().triggers(self.resource.clone());
-        Controller::for_stream_with(nothing, sources, self.resource)
-            .with_config(ControllerConfig::default().concurrency(concurrency))
-            .reconcile_on(triggers)
-            .graceful_shutdown_on(shutdown)
-            .run(
-                move |source, ctx| {
-                    let retries = retries.clone();
-                    let metrics = metrics.clone();
-                    let ar = ar.clone();
-                    async move {
-                        let key = (source.namespace().unwrap_or_default(), source.name_any());
-                        let result = reconcile(source, ctx, stock, ar, metrics).await;
-                        if result.is_ok() {
-                            retries.succeeded(&key);
-                        }
-                        result
-                    }
-                },
-                move |source, error, _ctx| {
-                    let key = (source.namespace().unwrap_or_default(), source.name_any());
-                    let delay = failed.failed(key);
-                    tracing::warn!(kind, name = %source.name_any(), namespace = source.namespace().unwrap_or_default(), %error, retry_in = ?delay, "mirror reconcile failed");
-                    Action::requeue(delay)
-                },
-                ctx,
-            )
-            .for_each(|done| {
-                backlog.finished(&done);
-                futures::future::ready(())
-            })
-            .await;
-        tracing::info!(kind, "mirror controller stopped");
+        let retry = ctx.retry;
+        let reconcile = move |source: Arc<Source>| {
+            let (ctx, ar, metrics) = (ctx.clone(), ar.clone(), metrics.clone());
+            async move { reconcile(&source, &ctx, stock, &ar, &metrics).await }
+        };
+        runner::run(stock.kind, sources, backlog, retry, reconcile, shutdown).await;
+        tracing::info!(kind = stock.kind, "mirror controller stopped");
     }
 }
 
-#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = source.namespace().unwrap_or_default(), name = %source.name_any()))]
+#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = %source.namespace, name = %source.name))]
 async fn reconcile(
-    source: Arc<FluxSource>,
-    ctx: Arc<Context>,
+    source: &Source,
+    ctx: &Context,
     stock: &'static StockSource,
-    ar: SourceKind,
-    metrics: ControllerMetrics,
-) -> Result<Action, Error> {
+    ar: &SourceKind,
+    metrics: &ControllerMetrics,
+) -> Result<Requeue, Error> {
     // Counted per controller only: a mirrored Artifact is a copy of a Flux
     // source, which source-controller already records, and a series per
     // object would grow with every source in the cluster.
     let mut guard = metrics.reconcile_unlabelled();
-    let result = reconcile_inner(&source, &ctx, stock, &ar).await;
+    let result = reconcile_inner(source, ctx, stock, ar).await;
     guard.set_result(reconcile_result(&result));
     result
 }
@@ -192,32 +163,30 @@ pub fn controller_id(stock: &StockSource) -> ControllerId {
 }
 
 async fn reconcile_inner(
-    source: &FluxSource,
+    source: &Source,
     ctx: &Context,
     stock: &'static StockSource,
     ar: &SourceKind,
-) -> Result<Action, Error> {
-    let namespace = source.namespace().ok_or(Error::MissingField("namespace"))?;
+) -> Result<Requeue, Error> {
+    if source.namespace.is_empty() {
+        return Err(Error::MissingField("namespace"));
+    }
     match plan(stock, &ar.0.api_version, source) {
         Err(invalid) => {
             // Not retried: the source must change first.
             tracing::warn!(error = %invalid, "not mirroring");
         }
         Ok(Plan::Skip) => {}
-        Ok(Plan::Remove { name }) => remove(ctx, source, &namespace, &name).await?,
+        Ok(Plan::Remove { name }) => remove(ctx, source, &name).await?,
         Ok(Plan::Mirror(desired)) => return write(ctx, stock, ar, source, &desired).await,
     }
-    Ok(Action::await_change())
+    Ok(None)
 }
 
 /// Deletes the Artifact `name` if `source` controls it.
-async fn remove(
-    ctx: &Context,
-    source: &FluxSource,
-    namespace: &str,
-    name: &str,
-) -> Result<(), Error> {
-    let source_uid = source.uid().unwrap_or_default();
+async fn remove(ctx: &Context, source: &Source, name: &str) -> Result<(), Error> {
+    let namespace = &*source.namespace;
+    let source_uid = source.uid.as_deref().unwrap_or_default();
     let uid = {
         let index = locks::read(&ctx.index);
         let Some(current) = index.artifact(namespace, name) else {
@@ -286,34 +255,34 @@ async fn write(
     ctx: &Context,
     stock: &'static StockSource,
     ar: &SourceKind,
-    source: &FluxSource,
+    source: &Source,
     desired: &Artifact,
-) -> Result<Action, Error> {
+) -> Result<Requeue, Error> {
     let name = desired.name_any();
-    let namespace = desired.namespace().unwrap_or_default();
+    let namespace = &*source.namespace;
     let key = format!("artifact/{namespace}/{name}");
     let taken_key = format!("taken/{namespace}/{name}");
     let wanted = fingerprint(desired);
     // The resource version to remember the write against.
-    let remember = match stored(ctx, stock, &namespace, &source.name_any(), &name, wanted) {
+    let remember = match stored(ctx, stock, namespace, &source.name, &name, wanted) {
         Stored::UpToDate => {
             // The cache shows the last write: nothing left to remember.
             ctx.memo.forget(&key);
             ctx.memo.forget(&taken_key);
-            return Ok(Action::await_change());
+            return Ok(None);
         }
         Stored::Differs(rv) => {
             if ctx.memo.already_written(&key, rv.as_deref(), wanted) {
-                return Ok(Action::await_change());
+                return Ok(None);
             }
             rv
         }
         Stored::Taken(whose) => {
             taken(ctx, stock, ar, source, &name, &whose).await;
-            return Ok(Action::requeue(TAKEN_RETRY));
+            return Ok(Some(TAKEN_RETRY));
         }
     };
-    ctx.artifact_api(&namespace)
+    ctx.artifact_api(namespace)
         .patch(&name, &apply_params(), &Patch::Apply(desired))
         .await?;
     ctx.memo.record(key, remember, wanted);
@@ -324,7 +293,7 @@ async fn write(
         .get_or_create(&KindLabels { kind })
         .inc();
     tracing::info!(artifact = %name, revision = %desired.spec.revision, "mirrored artifact");
-    Ok(Action::await_change())
+    Ok(None)
 }
 
 /// Reports, once a conflict, that the Artifact name the mirror gives
@@ -335,11 +304,11 @@ async fn taken(
     ctx: &Context,
     stock: &'static StockSource,
     ar: &SourceKind,
-    source: &FluxSource,
+    source: &Source,
     name: &str,
     whose: &str,
 ) {
-    let namespace = source.namespace().unwrap_or_default();
+    let namespace = &*source.namespace;
     let message = format!(
         "openflux mirrors this {kind}'s artifact as Artifact {namespace}/{name}, but an Artifact of that \
          name belongs to {whose}; openflux does not write over it, so consumers of custom sources cannot \
@@ -348,7 +317,7 @@ async fn taken(
     );
     let key = format!("taken/{namespace}/{name}");
     let hash = crate::context::hash_of(&message).unwrap_or_default();
-    let uid = source.uid();
+    let uid = source.uid.as_deref().map(str::to_string);
     if ctx.memo.already_written(&key, uid.as_deref(), hash) {
         return;
     }
@@ -362,16 +331,18 @@ async fn taken(
     let reference = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some(ar.0.api_version.clone()),
         kind: Some(ar.0.kind.clone()),
-        name: Some(source.name_any()),
-        namespace: Some(namespace),
-        uid,
+        name: Some(source.name.to_string()),
+        namespace: Some(namespace.to_string()),
+        uid: uid.clone(),
         ..Default::default()
     };
     let event = openflux_api::runtime::FluxEvent::warning(ARTIFACT_NAME_TAKEN, message);
+    // The mirror keeps none of a source's annotations (Flux's event metadata
+    // among them): the Event carries none.
     ctx.events
-        .publish_on(reference, source.annotations(), &event, None)
+        .publish_on(reference, &BTreeMap::new(), &event, None)
         .await;
-    ctx.memo.record(key, source.uid(), hash);
+    ctx.memo.record(key, uid, hash);
 }
 
 /// Reason of the Event on a source whose Artifact name is taken.

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use kube::ResourceExt;
 
-use super::source::FluxSource;
+use super::source::{Source, SourceLabels};
 use crate::api::{
     is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP,
     MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
@@ -42,15 +42,14 @@ pub struct InvalidSource {
 pub fn plan(
     stock: &StockSource,
     api_version: &str,
-    source: &FluxSource,
+    source: &Source,
 ) -> Result<Plan, InvalidSource> {
     let kind = stock.kind;
-    let name = source.name_any();
-    let namespace = source.namespace().unwrap_or_default();
-    if is_own_export(stock, source) {
+    let name = &*source.name;
+    if is_own_export(stock, &source.labels) {
         return Ok(Plan::Skip);
     }
-    let artifact_name = names::mirror_artifact_name(stock, &name);
+    let artifact_name = names::mirror_artifact_name(stock, name);
     let Some(artifact) = source.artifact.as_deref() else {
         return Ok(Plan::Remove {
             name: artifact_name,
@@ -58,22 +57,27 @@ pub fn plan(
     };
     let spec: ArtifactSpec = serde_json::from_str(artifact).map_err(|e| InvalidSource {
         kind: kind.to_string(),
-        namespace: namespace.clone(),
-        name: name.clone(),
+        namespace: source.namespace.to_string(),
+        name: name.to_string(),
         detail: e.to_string(),
     })?;
     let owner = OwnerReference {
         api_version: api_version.to_string(),
         kind: kind.to_string(),
-        name: name.clone(),
-        uid: source.uid().unwrap_or_default(),
+        name: name.to_string(),
+        uid: source.uid.as_deref().unwrap_or_default().to_string(),
         controller: Some(true),
         block_owner_deletion: None,
     };
+    let shard = source
+        .labels
+        .shard
+        .as_deref()
+        .map(|shard| (shard::SHARD_LABEL.to_string(), shard.to_string()));
     let artifact = Artifact {
         metadata: ObjectMeta {
             name: Some(artifact_name),
-            namespace: Some(namespace),
+            namespace: Some(source.namespace.to_string()),
             labels: Some(
                 BTreeMap::from([
                     (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
@@ -81,10 +85,10 @@ pub fn plan(
                         SOURCE_KIND_LABEL.to_string(),
                         names::label_value(&kind.to_ascii_lowercase()),
                     ),
-                    (SOURCE_NAME_LABEL.to_string(), names::label_value(&name)),
+                    (SOURCE_NAME_LABEL.to_string(), names::label_value(name)),
                 ])
                 .into_iter()
-                .chain(shard::shard_label_of(source.labels()))
+                .chain(shard)
                 .collect(),
             ),
             owner_references: Some(vec![owner]),
@@ -96,43 +100,11 @@ pub fn plan(
     Ok(Plan::Mirror(Box::new(artifact)))
 }
 
-/// Whether `source` is an object openflux exported itself (an
+/// Whether a source with `labels` is an object openflux exported itself (an
 /// ExternalArtifact, or a shadow of any kind): mirroring it would loop.
-pub fn is_own_export(stock: &StockSource, source: &FluxSource) -> bool {
-    let labels = source.labels();
-    let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
-    managed
-        && (*stock == StockSource::EXTERNAL_ARTIFACT
-            || labels.contains_key(crate::export::shadow::SHADOW_LABEL))
-}
-
-/// The labels of a source the mirror reads: whether openflux made it
-/// ([`is_own_export`]) and its shard.
-const READ_LABELS: [&str; 3] = [
-    MANAGED_BY_LABEL,
-    crate::export::shadow::SHADOW_LABEL,
-    shard::SHARD_LABEL,
-];
-
-/// Keeps of a cached source only what the mirror reads: its name,
-/// namespace, uid and the labels it reads (the artifact is all that is left
-/// of the rest, see [`FluxSource`]). Sources applied by Flux carry labels of
-/// their own; a map of even one label costs a few hundred bytes.
-pub fn slim(source: &mut FluxSource) {
-    let meta = std::mem::take(&mut source.metadata);
-    let labels: BTreeMap<String, String> = meta
-        .labels
-        .into_iter()
-        .flatten()
-        .filter(|(key, _)| READ_LABELS.contains(&key.as_str()))
-        .collect();
-    source.metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        labels: (!labels.is_empty()).then_some(labels),
-        ..ObjectMeta::default()
-    };
+pub fn is_own_export(stock: &StockSource, labels: &SourceLabels) -> bool {
+    labels.managed_by.as_deref() == Some(MANAGED_BY)
+        && (*stock == StockSource::EXTERNAL_ARTIFACT || labels.shadow)
 }
 
 /// Whether `artifact` is the mirror of a stock Flux source: its controller
@@ -257,17 +229,21 @@ impl std::io::Write for HashWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mirror::source::FluxSource;
     use serde_json::json;
 
-    fn source(kind: &str, status: serde_json::Value, labels: serde_json::Value) -> FluxSource {
-        serde_json::from_value(json!({
+    /// A source as the mirror keeps it, from the object the API server sends.
+    fn source(kind: &str, status: serde_json::Value, labels: serde_json::Value) -> Source {
+        let object: FluxSource = serde_json::from_value(json!({
             "apiVersion": "source.toolkit.fluxcd.io/v1",
             "kind": kind,
-            "metadata": {"name": "podinfo", "namespace": "apps", "uid": "u-1", "labels": labels},
+            "metadata": {"name": "podinfo", "namespace": "apps", "uid": "u-1", "labels": labels,
+                         "resourceVersion": "9", "finalizers": ["finalizers.fluxcd.io"]},
             "spec": {},
             "status": status,
         }))
-        .unwrap()
+        .unwrap();
+        Source::from(&object)
     }
 
     #[test]
@@ -337,7 +313,7 @@ mod tests {
     }
 
     /// A GitRepository with an artifact in its status.
-    fn podinfo() -> FluxSource {
+    fn podinfo() -> Source {
         source(
             "GitRepository",
             json!({"artifact": flux_artifact()}),
@@ -346,7 +322,7 @@ mod tests {
     }
 
     /// The Artifact the mirror plans for the GitRepository `s`.
-    fn mirrored(s: &FluxSource) -> Artifact {
+    fn mirrored(s: &Source) -> Artifact {
         match plan(
             &StockSource::GIT_REPOSITORY,
             "source.toolkit.fluxcd.io/v1",
@@ -511,48 +487,23 @@ mod tests {
     }
 
     #[test]
-    fn slimmed_sources_plan_the_same() {
-        let mut s = source(
+    fn a_kept_source_plans_from_the_labels_it_kept() {
+        let s = source(
             "GitRepository",
             json!({"artifact": flux_artifact(), "conditions": []}),
             json!({"a": "b", shard::SHARD_LABEL: "shard1"}),
         );
-        let before = plan(
-            &StockSource::GIT_REPOSITORY,
-            "source.toolkit.fluxcd.io/v1",
-            &s,
-        )
-        .unwrap();
-        s.metadata.resource_version = Some("9".into());
-        s.metadata.finalizers = Some(vec!["finalizers.fluxcd.io".into()]);
-        slim(&mut s);
+        let labels = mirrored(&s).metadata.labels.unwrap();
         assert_eq!(
-            s.labels(),
-            &BTreeMap::from([(shard::SHARD_LABEL.to_string(), "shard1".to_string())])
+            labels.get(shard::SHARD_LABEL).map(String::as_str),
+            Some("shard1")
         );
-        assert_eq!(
-            (
-                s.metadata.resource_version.as_ref(),
-                s.metadata.finalizers.as_ref()
-            ),
-            (None, None)
-        );
-        assert_eq!(s.uid().as_deref(), Some("u-1"));
-        assert_eq!(
-            plan(
-                &StockSource::GIT_REPOSITORY,
-                "source.toolkit.fluxcd.io/v1",
-                &s
-            )
-            .unwrap(),
-            before
-        );
-        let mut shadow = source(
+        assert!(!labels.contains_key("a"), "a label the source had");
+        let shadow = source(
             "OCIRepository",
             json!({"artifact": flux_artifact()}),
             json!({MANAGED_BY_LABEL: MANAGED_BY, crate::export::shadow::SHADOW_LABEL: "true", "a": "b"}),
         );
-        slim(&mut shadow);
         assert_eq!(
             plan(
                 &StockSource::OCI_REPOSITORY,
@@ -562,9 +513,7 @@ mod tests {
             .unwrap(),
             Plan::Skip
         );
-        let mut gone = source("GitRepository", json!({}), json!({}));
-        slim(&mut gone);
-        assert_eq!(gone.metadata.labels, None);
+        let gone = source("GitRepository", json!({}), json!({}));
         assert!(matches!(
             plan(&StockSource::GIT_REPOSITORY, "v", &gone).unwrap(),
             Plan::Remove { .. }

@@ -1,10 +1,14 @@
-//! A stock Flux source as the mirror keeps it: its identity, the labels the
-//! mirror reads and its `status.artifact` as one JSON text, nothing else.
+//! A stock Flux source as the mirror reads it: [`FluxSource`] as it comes
+//! off the wire (the watch needs its metadata), and [`Source`], what the
+//! mirror keeps of it: its identity, the labels the mirror reads and its
+//! `status.artifact` as one JSON text, nothing else.
 //!
-//! Thousands of sources sit in the mirror's cache and in its controller's
-//! queue at once, so the object is small and the kind it belongs to is
-//! shared ([`SourceKind`]): a reference to a source costs its name,
-//! namespace and one pointer, not the five strings of an `ApiResource`.
+//! Thousands of sources sit in the mirror's store at once, so a kept source
+//! is small: its namespace and name are shared with the wakes and the
+//! backlog that name it, and it carries no `ObjectMeta` (15 fields' room,
+//! about 340 bytes, to use 4). The kind a watched object belongs to is
+//! shared too ([`SourceKind`]): one pointer, not the five strings of an
+//! `ApiResource`.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -14,12 +18,67 @@ use kube::core::{ApiResource, DynamicResourceScope};
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
-/// One stock source object.
+use crate::api::MANAGED_BY_LABEL;
+use crate::export::shadow::SHADOW_LABEL;
+use crate::shard::SHARD_LABEL;
+
+/// One stock source object as the watch reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FluxSource {
     pub metadata: ObjectMeta,
     /// `status.artifact` as JSON text; none when the source has no artifact.
     pub artifact: Option<Box<str>>,
+}
+
+/// What the mirror keeps of one stock source: everything it decides from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// Shared with the wakes and the backlog that name the source (the
+    /// owner index's `Text`).
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub uid: Option<Box<str>>,
+    pub labels: SourceLabels,
+    /// `status.artifact` as JSON text; none when the source has no artifact.
+    pub artifact: Option<Box<str>>,
+}
+
+/// The labels of a source the mirror reads: whether openflux made it
+/// (managed-by and the shadow label) and its shard. Sources applied by Flux
+/// carry labels of their own; a map of even one label costs a few hundred
+/// bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceLabels {
+    pub managed_by: Option<Box<str>>,
+    pub shadow: bool,
+    pub shard: Option<Box<str>>,
+}
+
+impl SourceLabels {
+    pub fn of(labels: &std::collections::BTreeMap<String, String>) -> Self {
+        SourceLabels {
+            managed_by: labels.get(MANAGED_BY_LABEL).map(|v| v.as_str().into()),
+            shadow: labels.contains_key(SHADOW_LABEL),
+            shard: labels.get(SHARD_LABEL).map(|v| v.as_str().into()),
+        }
+    }
+}
+
+impl From<&FluxSource> for Source {
+    fn from(source: &FluxSource) -> Self {
+        let meta = &source.metadata;
+        Source {
+            namespace: meta.namespace.as_deref().unwrap_or_default().into(),
+            name: meta.name.as_deref().unwrap_or_default().into(),
+            uid: meta.uid.as_deref().map(Into::into),
+            labels: meta
+                .labels
+                .as_ref()
+                .map(SourceLabels::of)
+                .unwrap_or_default(),
+            artifact: source.artifact.clone(),
+        }
+    }
 }
 
 /// The kind of a [`FluxSource`] as the API server serves it: group,
@@ -66,20 +125,31 @@ impl Resource for FluxSource {
     }
 }
 
-/// Reads `metadata` whole (the watch needs the resource version) and of the
-/// rest only `status.artifact`: the spec and the other status fields are
-/// skipped without being kept. A status that is not an object counts as no
-/// status, so one odd object cannot fail a whole list.
+/// Reads of `metadata` the identity, the labels and the resource version
+/// (the watch needs it), and of the rest only `status.artifact`: the
+/// managed fields, annotations, spec and other status fields are skipped
+/// without being built. A status that is not an object counts as no status,
+/// so one odd object cannot fail a whole list.
 impl<'de> Deserialize<'de> for FluxSource {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Default, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            name: Option<String>,
+            namespace: Option<String>,
+            uid: Option<String>,
+            resource_version: Option<String>,
+            labels: Option<std::collections::BTreeMap<String, String>>,
+        }
         #[derive(Deserialize)]
         struct Wire {
             #[serde(default)]
-            metadata: ObjectMeta,
+            metadata: Meta,
             #[serde(default)]
             status: Option<serde_json::Value>,
         }
         let wire = Wire::deserialize(deserializer)?;
+        let meta = wire.metadata;
         let artifact = wire
             .status
             .as_ref()
@@ -87,7 +157,14 @@ impl<'de> Deserialize<'de> for FluxSource {
             .filter(|a| !a.is_null())
             .map(|a| a.to_string().into_boxed_str());
         Ok(FluxSource {
-            metadata: wire.metadata,
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                uid: meta.uid,
+                resource_version: meta.resource_version,
+                labels: meta.labels,
+                ..ObjectMeta::default()
+            },
             artifact,
         })
     }
@@ -106,7 +183,9 @@ mod tests {
             "apiVersion": "source.toolkit.fluxcd.io/v1",
             "kind": "GitRepository",
             "metadata": {"name": "podinfo", "namespace": "apps", "uid": "u-1",
-                         "resourceVersion": "7", "labels": {"a": "b"}},
+                         "resourceVersion": "7", "labels": {"a": "b"},
+                         "annotations": {"c": "d"}, "generation": 3,
+                         "managedFields": [{"manager": "source-controller", "fieldsV1": {"f:status": {}}}]},
             "spec": {"url": "https://example.com/podinfo.git", "interval": "1m"},
             "status": {"artifact": {"revision": "main@sha1:abc", "size": 1},
                        "conditions": [{"type": "Ready", "status": "True"}]},
@@ -118,9 +197,43 @@ mod tests {
         );
         assert_eq!(s.resource_version().as_deref(), Some("7"));
         assert_eq!(s.labels()["a"], "b");
+        let meta = &s.metadata;
+        assert_eq!(
+            (&meta.annotations, &meta.managed_fields, meta.generation),
+            (&None, &None, None),
+            "read though the mirror never uses them"
+        );
         let artifact: serde_json::Value =
             serde_json::from_str(s.artifact.as_deref().unwrap()).unwrap();
         assert_eq!(artifact, json!({"revision": "main@sha1:abc", "size": 1}));
+    }
+
+    #[test]
+    fn a_kept_source_holds_what_the_mirror_reads() {
+        let s: FluxSource = serde_json::from_value(json!({
+            "metadata": {"name": "podinfo", "namespace": "apps", "uid": "u-1",
+                         "resourceVersion": "7", "annotations": {"a": "b"},
+                         "labels": {"app.kubernetes.io/managed-by": "openflux",
+                                    "openflux.dev/shadow": "", "sharding.fluxcd.io/key": "s1",
+                                    "kustomize.toolkit.fluxcd.io/name": "apps"}},
+            "status": {"artifact": {"revision": "r"}},
+        }))
+        .unwrap();
+        let kept = Source::from(&s);
+        assert_eq!((&*kept.namespace, &*kept.name), ("apps", "podinfo"));
+        assert_eq!(kept.uid.as_deref(), Some("u-1"));
+        assert_eq!(kept.artifact, s.artifact);
+        assert_eq!(
+            kept.labels,
+            SourceLabels {
+                managed_by: Some("openflux".into()),
+                shadow: true,
+                shard: Some("s1".into()),
+            }
+        );
+        let bare: FluxSource =
+            serde_json::from_value(json!({"metadata": {"name": "n", "namespace": "ns"}})).unwrap();
+        assert_eq!(Source::from(&bare).labels, SourceLabels::default());
     }
 
     #[test]

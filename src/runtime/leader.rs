@@ -14,7 +14,7 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,7 @@ use crate::context::Context;
 use crate::export::release::target_resource;
 use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
-use crate::mirror::{self, Backlog, DiscoveryError, FluxSource, Mirror, SourceKind};
+use crate::mirror::{self, Backlog, DiscoveryError, Mirror, SourceKind, Sources};
 use crate::telemetry::Readiness;
 
 /// How often the leader looks for source kinds the cluster did not serve yet.
@@ -39,8 +39,7 @@ pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
 
 /// A running mirror: where its sources are, and how to wake it.
 struct Mirrored {
-    resource: SourceKind,
-    sources: Store<FluxSource>,
+    sources: Sources,
     backlog: Arc<Backlog>,
 }
 
@@ -305,44 +304,41 @@ impl Controllers {
     }
 
     fn start_mirror(&mut self, stock: &'static StockSource, resource: SourceKind) {
-        let writer = Writer::<FluxSource>::new(resource.clone());
-        let sources = writer.as_reader();
+        let sources = Sources::default();
+        let keeper = sources.clone();
         let hub = self.hub.clone();
         let watch = Watch {
             api: self.scope.api_with(&self.ctx.client, &resource),
             config: self.scope.config(),
-            // Only what the mirror reads (see its doc).
-            slim: mirror::slim,
+            slim: |_| {},
             keep: keep_all,
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
             turns: self.ctx.list_turns.clone(),
         };
         let synced = self.readiness.controller_watch(&watch.what);
+        // The mirror keeps its own store (what it reads of each source), so
+        // the watch keeps none and hands every source on as it comes.
         self.tasks.spawn(watch.run(
-            writer,
+            None,
             synced,
-            move |change| hub.take(Event::Source(stock, change)),
+            move |change| keeper.take(change, |change| hub.take(Event::Source(stock, change))),
             self.shutdown.clone(),
         ));
-        let backlog = Backlog::new(2 * usize::from(self.concurrency));
+        let backlog = Backlog::new(usize::from(self.concurrency));
         let mirror = Mirror {
             source: stock,
-            resource: resource.clone(),
+            resource,
         };
         self.tasks.spawn(mirror.run(
             self.ctx.clone(),
             sources.clone(),
             backlog.clone(),
             self.concurrency,
-            self.shutdown.clone().cancelled_owned(),
+            self.shutdown.clone(),
         ));
-        let mirrored = Mirrored {
-            resource,
-            sources,
-            backlog,
-        };
-        self.mirrors.insert(stock.kind, mirrored);
+        self.mirrors
+            .insert(stock.kind, Mirrored { sources, backlog });
     }
 
     /// Watches the objects openflux exported, so the export controller sees
@@ -361,7 +357,7 @@ impl Controllers {
             turns: self.ctx.list_turns.clone(),
         };
         self.tasks.spawn(watch.run(
-            writer,
+            Some(writer),
             self.readiness.controller_watch("exported objects"),
             move |change| hub.take(Event::Exported(change)),
             self.shutdown.clone(),

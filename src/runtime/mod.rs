@@ -163,7 +163,7 @@ where
     };
     let artifact_hub = hub.clone();
     let watch = tokio::spawn(watch.run(
-        artifacts,
+        Some(artifacts),
         shared.readiness.serving_watch("Artifacts"),
         move |change| artifact_hub.take(Event::Artifact(change)),
         shutdown.clone(),

@@ -31,9 +31,9 @@ use kube::ResourceExt;
 
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::export::shadow::SHADOW_LABEL;
-use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex, Text};
+use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex, SourceKey, Text};
 use crate::mirror::plan::is_own_export;
-use crate::mirror::source::FluxSource;
+use crate::mirror::source::Source;
 use crate::names;
 
 /// What a watch saw.
@@ -61,7 +61,7 @@ pub enum Event<'a> {
     /// The watch of Artifacts (on every replica).
     Artifact(Change<'a, Artifact>),
     /// The watch of one stock source kind (on the leader).
-    Source(&'static StockSource, Change<'a, FluxSource>),
+    Source(&'static StockSource, Change<'a, Source>),
     /// The watch of the objects openflux exported (on the leader).
     Exported(Change<'a, DynamicObject>),
 }
@@ -187,15 +187,13 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
     if deleted {
         wake.insert(Wake::Export(entry.key.clone()));
     }
-    if let Some(owner) = &entry.owner {
-        if let Some(stock) = StockSource::find(&owner.source.group, &owner.source.kind) {
-            wake.insert(Wake::Mirror {
-                source: stock.kind,
-                namespace: owner.source.namespace.clone(),
-                name: owner.source.name.clone(),
-            });
-            return wake;
-        }
+    if let Some((stock, source)) = mirror_of(entry) {
+        wake.insert(Wake::Mirror {
+            source: stock.kind,
+            namespace: source.namespace.clone(),
+            name: source.name.clone(),
+        });
+        return wake;
     }
     wake.insert(Wake::Export(entry.key.clone()));
     if let Some(owner) = &entry.owner {
@@ -208,6 +206,14 @@ fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) ->
         );
     }
     wake
+}
+
+/// The stock source kind and source whose mirror keeps `entry`, if a stock
+/// source owns it.
+fn mirror_of(entry: &IndexedArtifact) -> Option<(&'static StockSource, &SourceKey)> {
+    let owner = entry.owner.as_ref()?;
+    let stock = StockSource::find(&owner.source.group, &owner.source.kind)?;
+    Some((stock, &owner.source))
 }
 
 /// An Artifact that was not its source's mirror but held a mirror's name
@@ -225,11 +231,12 @@ fn freed_mirror_name(entry: &IndexedArtifact) -> Option<Wake> {
     })
 }
 
-fn mirror_wake(stock: &'static StockSource, source: &FluxSource) -> Option<Wake> {
-    (!is_own_export(stock, source)).then(|| Wake::Mirror {
+/// The names are the kept source's own.
+fn mirror_wake(stock: &'static StockSource, source: &Source) -> Option<Wake> {
+    (!is_own_export(stock, &source.labels)).then(|| Wake::Mirror {
         source: stock.kind,
-        namespace: source.namespace().unwrap_or_default().into(),
-        name: source.name_any().into(),
+        namespace: source.namespace.clone(),
+        name: source.name.clone(),
     })
 }
 

@@ -36,17 +36,18 @@ fn artifact(name: &str, owner: Option<(&str, &str, &str)>) -> Artifact {
     a
 }
 
-fn source(kind: &str, name: &str, ours: bool) -> FluxSource {
+fn source(kind: &str, name: &str, ours: bool) -> Source {
     let labels = if ours {
         json!({ MANAGED_BY_LABEL: MANAGED_BY })
     } else {
         json!({})
     };
-    serde_json::from_value(json!({
+    let object: crate::mirror::FluxSource = serde_json::from_value(json!({
         "apiVersion": FLUX, "kind": kind,
         "metadata": {"name": name, "namespace": "apps", "labels": labels},
     }))
-    .unwrap()
+    .unwrap();
+    Source::from(&object)
 }
 
 fn exported(name: &str, owners: &[(&str, &str, &str)]) -> DynamicObject {
@@ -323,3 +324,4 @@ fn a_list_in_parts_replaces_the_index_only_when_it_ends() {
     assert_eq!(index.len(), 2);
     assert!(index.listed().len() == 0 && index.is_synced());
 }
+

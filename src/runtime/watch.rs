@@ -137,13 +137,14 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + Hash,
 {
-    /// Runs until `shutdown`: keeps `writer`'s store, marks `synced` once
-    /// the first complete list is in, and hands each change to `sink`. A
+    /// Runs until `shutdown`: keeps `writer`'s store (none: the changes
+    /// alone, for a caller that keeps its own), marks `synced` once the
+    /// first complete list is in, and hands each change to `sink`. A
     /// failing watch is retried with backoff; the first failure of a streak
     /// is a warning.
     pub async fn run(
         self,
-        mut writer: Writer<K>,
+        mut writer: Option<Writer<K>>,
         mut synced: SyncGuard,
         mut sink: impl FnMut(Change<'_, K>),
         shutdown: CancellationToken,
@@ -157,7 +158,8 @@ where
             hint,
             turns,
         } = self;
-        let reader = writer.as_reader();
+        let reader = writer.as_ref().map(Writer::as_reader);
+        let kept = |object: &K, writer: &Option<Writer<K>>| writer.is_some() && keep(object);
         // The watcher lists on its first poll, so only after the turn.
         let mut turn = tokio::select! {
             turn = turns.take() => turn,
@@ -209,19 +211,23 @@ where
                 synced.ok();
             }
             match event {
-                watcher::Event::Apply(object) if !keep(&object) => {
+                watcher::Event::Apply(object) if !kept(&object, &writer) => {
                     // Out of the store (it may have been kept before), still routed.
                     let gone = watcher::Event::Delete(object);
-                    writer.apply_watcher_event(&gone);
+                    if let Some(writer) = &mut writer {
+                        writer.apply_watcher_event(&gone);
+                    }
                     if let watcher::Event::Delete(object) = &gone {
                         sink(Change::Applied(object));
                     }
                 }
-                watcher::Event::InitApply(object) if !keep(&object) => {
+                watcher::Event::InitApply(object) if !kept(&object, &writer) => {
                     sink(Change::Listed(&object));
                 }
                 event => {
-                    writer.apply_watcher_event(&event);
+                    if let Some(writer) = &mut writer {
+                        writer.apply_watcher_event(&event);
+                    }
                     match &event {
                         watcher::Event::Apply(object) => sink(Change::Applied(object)),
                         watcher::Event::Delete(object) => sink(Change::Deleted(object)),
@@ -229,7 +235,8 @@ where
                             tracing::debug!(watch = %what, "watch synced");
                             drop(turn.take());
                             synced.synced();
-                            sink(Change::Relisted(&reader.state()));
+                            let kept = reader.as_ref().map(|r| r.state()).unwrap_or_default();
+                            sink(Change::Relisted(&kept));
                         }
                         watcher::Event::Init => sink(Change::Listing),
                         watcher::Event::InitApply(_) => {}
@@ -551,7 +558,7 @@ mod tests {
             turns: turns.clone(),
         };
         tokio::spawn(watch.run(
-            Writer::new(resource),
+            Some(Writer::new(resource)),
             readiness.controller_watch(plural),
             |_| {},
             shutdown.clone(),

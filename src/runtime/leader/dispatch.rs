@@ -79,9 +79,7 @@ impl Controllers {
                     if let Some(mirror) = self.mirrors.get(source) {
                         // A source the store does not hold has nothing to
                         // mirror; its watch wakes it when it comes.
-                        let source =
-                            ObjectRef::new_with(name, mirror.resource.clone()).within(namespace);
-                        if let Some(source) = mirror.sources.get(&source) {
+                        if let Some(source) = mirror.sources.get(namespace, name) {
                             mirror.backlog.wake(source);
                         }
                     }
@@ -98,7 +96,7 @@ impl Controllers {
             }
         }
         for mirror in self.mirrors.values() {
-            for source in mirror.sources.state() {
+            for source in mirror.sources.all() {
                 mirror.backlog.wake(source);
             }
         }

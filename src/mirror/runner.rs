@@ -1,0 +1,183 @@
+//! Runs one mirror: each source its backlog gives is reconciled in a task of
+//! its own, from what the store holds then, and looked at again after the
+//! delay a reconcile asks for (a failure's backoff, or a name another
+//! object holds).
+//!
+//! The backlog bounds the reconciles under way and keeps a source out of a
+//! second one at the same time; the store is the watch's. Nothing else is
+//! kept per source: a source waiting for a later look costs one timer,
+//! the earliest asked for.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::poll_fn;
+use openflux_api::runtime::{Retries, RetryArgs};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::{delay_queue, DelayQueue};
+
+use super::backlog::Backlog;
+use super::source::Source;
+use super::store::Sources;
+use crate::context::Error;
+
+/// A source by namespace and name.
+type Key = (Arc<str>, Arc<str>);
+
+/// What a reconcile asks for: to be looked at again after this long, or
+/// (`None`) only when something changes.
+pub type Requeue = Option<Duration>;
+
+/// Runs until `shutdown`: reconciles each source `backlog` gives with
+/// `reconcile`, from what `sources` holds then, at most the backlog's room
+/// at a time; then waits for the reconciles under way. `kind` names the
+/// sources in the log.
+pub async fn run<R, F>(
+    kind: &'static str,
+    sources: Sources,
+    backlog: Arc<Backlog>,
+    retry: RetryArgs,
+    reconcile: R,
+    shutdown: CancellationToken,
+) where
+    R: Fn(Arc<Source>) -> F,
+    F: Future<Output = Result<Requeue, Error>> + Send + 'static,
+{
+    let retries = Retries::<Key>::new(retry);
+    let mut running: JoinSet<(Arc<Source>, Result<Requeue, Error>)> = JoinSet::new();
+    let mut later = Later::default();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(ended) = running.join_next() => {
+                // A reconcile that panicked made room as it unwound.
+                let Ok((source, result)) = ended else { continue };
+                let key = (source.namespace.clone(), source.name.clone());
+                let again = match result {
+                    Ok(again) => {
+                        retries.succeeded(&key);
+                        again
+                    }
+                    Err(error) => {
+                        let delay = retries.failed(key.clone());
+                        tracing::warn!(kind, namespace = %source.namespace, name = %source.name, %error, retry_in = ?delay, "mirror reconcile failed");
+                        Some(delay)
+                    }
+                };
+                if let Some(after) = again {
+                    later.after(key, after);
+                }
+            }
+            Some((namespace, name)) = later.next() => {
+                if let Some(source) = sources.get(&namespace, &name) {
+                    backlog.wake(source);
+                }
+            }
+            given = backlog.given() => {
+                // The source as the store holds it now; gone, it has
+                // nothing to mirror (garbage collection takes its
+                // Artifact).
+                let Some(source) = sources.get(&given.namespace, &given.name) else {
+                    backlog.done(&given);
+                    continue;
+                };
+                let room = Room { backlog: backlog.clone(), source: given };
+                let reconciled = reconcile(source.clone());
+                running.spawn(async move {
+                    let result = reconciled.await;
+                    drop(room);
+                    (source, result)
+                });
+            }
+        }
+    }
+    // Nothing new starts; what is under way ends.
+    while running.join_next().await.is_some() {}
+}
+
+/// A source given by the backlog: handed back when its reconcile ends,
+/// however it ends.
+struct Room {
+    backlog: Arc<Backlog>,
+    source: Arc<Source>,
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        self.backlog.done(&self.source);
+    }
+}
+
+/// The sources to look at again later, each once, at the earliest time
+/// asked for.
+#[derive(Default)]
+struct Later {
+    queue: DelayQueue<Key>,
+    due: HashMap<Key, (delay_queue::Key, Instant)>,
+}
+
+impl Later {
+    fn after(&mut self, key: Key, delay: Duration) {
+        let at = Instant::now() + delay;
+        match self.due.get_mut(&key) {
+            Some((_, due)) if *due <= at => {}
+            Some((timer, due)) => {
+                self.queue.reset_at(timer, at);
+                *due = at;
+            }
+            None => {
+                let timer = self.queue.insert_at(key.clone(), at);
+                self.due.insert(key, (timer, at));
+            }
+        }
+    }
+
+    /// The next source due; `None` at once when none waits. Safe to drop
+    /// unfinished: a source is taken only when this returns it.
+    async fn next(&mut self) -> Option<Key> {
+        let expired = poll_fn(|cx| self.queue.poll_expired(cx)).await?;
+        let key = expired.into_inner();
+        self.due.remove(&key);
+        Some(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        ("apps".into(), name.into())
+    }
+
+    /// What is due within `within`, in order.
+    async fn due_within(later: &mut Later, within: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        let until = Instant::now() + within;
+        while let Ok(Some(key)) = tokio::time::timeout_at(until, later.next()).await {
+            out.push(key.1.to_string());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_asked_for_twice_is_looked_at_once_at_the_earliest() {
+        let mut later = Later::default();
+        assert_eq!(later.next().await, None, "nothing waits");
+        later.after(key("a"), Duration::from_secs(300));
+        later.after(key("b"), Duration::from_secs(2));
+        later.after(key("a"), Duration::from_secs(1));
+        later.after(key("b"), Duration::from_secs(60));
+        assert_eq!(due_within(&mut later, Duration::from_secs(1)).await, ["a"]);
+        assert_eq!(
+            due_within(&mut later, Duration::from_secs(400)).await,
+            ["b"]
+        );
+        assert!(later.due.is_empty());
+    }
+}
