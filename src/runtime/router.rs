@@ -163,11 +163,17 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
                 .filter_map(|a| IndexedArtifact::from_artifact(a))
                 .collect();
             // Siblings are listed too, so each wakes for itself: the index
-            // before the relist has nothing to add.
+            // before the relist has nothing to add. The first list of the
+            // process wakes no mirror: each mirror looks at every one of
+            // its sources when its own watch lists them, and those watches
+            // list after this one (they take turns), against the index this
+            // list makes.
+            let first = !index.is_synced();
             let empty = OwnerIndex::new();
             let wake = entries
                 .iter()
                 .chain(index.listed())
+                .filter(|entry| !(first && mirror_of(entry).is_some()))
                 .flat_map(|entry| artifact_wakes(entry, false, &empty))
                 .collect();
             Routed {

@@ -325,3 +325,41 @@ fn a_list_in_parts_replaces_the_index_only_when_it_ends() {
     assert!(index.listed().len() == 0 && index.is_synced());
 }
 
+#[test]
+fn the_first_list_wakes_no_mirror_and_a_later_one_does() {
+    let mut index = OwnerIndex::new();
+    let git = artifact(
+        "gitrepository-podinfo",
+        Some((FLUX, "GitRepository", "podinfo")),
+    );
+    let web = Arc::new(artifact("web-latest", Some((HTTP, "HttpSource", "web"))));
+    let list = |index: &mut OwnerIndex| {
+        let mut wakes = Vec::new();
+        for change in [
+            Change::Listing,
+            Change::Listed(&git),
+            Change::Relisted(std::slice::from_ref(&web)),
+        ] {
+            let routed = route(&Event::Artifact(change), index);
+            wakes.extend(describe(&routed).1);
+            if let Some(change) = routed.index {
+                index.change(change);
+            }
+        }
+        wakes
+    };
+    assert_eq!(
+        list(&mut index),
+        ["export apps/web-latest"],
+        "the mirrors look at their sources when they list them"
+    );
+    assert!(index.artifact("apps", "gitrepository-podinfo").is_some());
+    assert_eq!(
+        list(&mut index),
+        [
+            "export apps/web-latest",
+            "mirror GitRepository apps/podinfo"
+        ],
+        "a relist while running: a mirrored Artifact may have changed unseen"
+    );
+}
