@@ -30,6 +30,12 @@ const TEST_SOURCE: &str = "monitoring.e2e.openflux.dev/v1";
 /// Prometheus and promtool: Debian's `prometheus` package, installed when
 /// missing (as root, like the rest of the local control plane's packages).
 fn prometheus_tools() {
+    // One install at a time: the tests of this file run in parallel, and a
+    // second apt-get waits for no lock, it fails.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let present = |tool: &str| {
         Command::new(tool)
             .arg("--version")
