@@ -276,39 +276,53 @@ async fn readyz(State(s): State<HttpState>) -> (StatusCode, String) {
     }
 }
 
-/// Serves `/metrics` on `metrics_addr` and `/healthz`, `/readyz` on
-/// `health_addr` (plain HTTP, as Flux controllers do) until `shutdown`.
-pub async fn serve(
-    metrics_addr: SocketAddr,
-    health_addr: SocketAddr,
-    registry: Arc<Mutex<Registry>>,
-    readiness: Arc<Readiness>,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    let state = HttpState {
-        registry,
-        readiness,
-    };
-    let metrics_app = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(state.clone());
-    let health_app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(state);
-    let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on --metrics-addr {metrics_addr}: {e}"))?;
-    let health_listener = tokio::net::TcpListener::bind(health_addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on --health-addr {health_addr}: {e}"))?;
-    tracing::info!(%metrics_addr, %health_addr, "serving metrics and health endpoints");
-    let a = axum::serve(metrics_listener, metrics_app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let b =
-        axum::serve(health_listener, health_app).with_graceful_shutdown(shutdown.cancelled_owned());
-    tokio::try_join!(async { a.await }, async { b.await })?;
-    Ok(())
+/// The listeners of `/metrics` and of `/healthz`, `/readyz`, bound before
+/// anything else starts: a port that is taken stops the process at once
+/// with an error naming its flag, instead of leaving a replica up that
+/// nobody can probe.
+pub struct Endpoints {
+    metrics: tokio::net::TcpListener,
+    health: tokio::net::TcpListener,
+}
+
+impl Endpoints {
+    pub async fn bind(metrics_addr: SocketAddr, health_addr: SocketAddr) -> anyhow::Result<Self> {
+        let metrics = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on --metrics-addr {metrics_addr}: {e}"))?;
+        let health = tokio::net::TcpListener::bind(health_addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on --health-addr {health_addr}: {e}"))?;
+        tracing::info!(%metrics_addr, %health_addr, "serving metrics and health endpoints");
+        Ok(Endpoints { metrics, health })
+    }
+
+    /// Serves `/metrics` and `/healthz`, `/readyz` (plain HTTP, as Flux
+    /// controllers do) until `shutdown`.
+    pub async fn serve(
+        self,
+        registry: Arc<Mutex<Registry>>,
+        readiness: Arc<Readiness>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        let state = HttpState {
+            registry,
+            readiness,
+        };
+        let metrics_app = Router::new()
+            .route("/metrics", get(metrics))
+            .with_state(state.clone());
+        let health_app = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(state);
+        let a = axum::serve(self.metrics, metrics_app)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let b =
+            axum::serve(self.health, health_app).with_graceful_shutdown(shutdown.cancelled_owned());
+        tokio::try_join!(async { a.await }, async { b.await })?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

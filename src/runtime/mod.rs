@@ -78,6 +78,8 @@ pub struct Shared {
 /// stops its controllers and campaigns again without exiting.
 /// `extra` starts further services (the webhook) beside the controllers; one
 /// that fails stops the process with its error instead of leaving it half up.
+/// The metrics and health ports are bound before anything starts, so a
+/// taken one ends `run` at once with an error naming its flag.
 pub async fn run<F, Fut>(args: RunArgs, client: Client, extra: F) -> anyhow::Result<()>
 where
     F: FnOnce(&Shared) -> Fut,
@@ -88,6 +90,11 @@ where
     if runtime.leader_election.enable_leader_election {
         runtime.leader_election.validate()?;
     }
+    let endpoints = telemetry::Endpoints::bind(
+        runtime.metrics_addr.socket_addr(),
+        runtime.health_addr.socket_addr(),
+    )
+    .await?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let gate_metrics = GateMetrics::register(&mut registry);
@@ -168,13 +175,18 @@ where
         move |change| artifact_hub.take(Event::Artifact(change)),
         shutdown.clone(),
     ));
-    let health = tokio::spawn(telemetry::serve(
-        runtime.metrics_addr.socket_addr(),
-        runtime.health_addr.socket_addr(),
+    let (failed, registry, readiness) = (
+        shutdown.clone(),
         shared.registry.clone(),
         shared.readiness.clone(),
-        shutdown.clone(),
-    ));
+    );
+    let health = tokio::spawn(async move {
+        let result = endpoints.serve(registry, readiness, failed.clone()).await;
+        if result.is_err() {
+            failed.cancel();
+        }
+        result
+    });
 
     let leader_election = &runtime.leader_election;
     let leading = Leading {
@@ -205,16 +217,20 @@ where
         }
     }
     let _ = watch.await;
-    match tokio::time::timeout(SERVER_STOP_GRACE, health).await {
-        Ok(Ok(Err(e))) => tracing::error!(error = %e, "health endpoints failed"),
-        Err(_) => tracing::warn!("health endpoints did not stop in time"),
-        Ok(_) => {}
-    }
+    let health = match tokio::time::timeout(SERVER_STOP_GRACE, health).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(anyhow::anyhow!("health endpoints ended abnormally: {e}")),
+        Err(_) => {
+            tracing::warn!("health endpoints did not stop in time");
+            Ok(())
+        }
+    };
     match extra.await {
         Ok(Err(e)) => return Err(e),
         Err(e) => tracing::error!(error = %e, "service ended abnormally"),
         Ok(Ok(())) => {}
     }
+    health?;
     tracing::info!("openflux stopped");
     Ok(())
 }

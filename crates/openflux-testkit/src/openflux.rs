@@ -113,30 +113,45 @@ impl Openflux {
             format!("{}: Address already in use", self.metrics_addr),
             format!("{health}: Address already in use"),
         ];
+        // The last /readyz answer, for the message of a wait that ends.
+        let last = std::sync::Mutex::new(String::from("no answer"));
         let what = format!("openflux ({name}) to be ready on {health}");
-        // Fail fast with the log if the process exits.
-        wait_for(&what, Duration::from_secs(60), || {
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            let log = self.log.clone();
-            let taken = &taken;
-            async move {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                if taken.iter().any(|t| text.contains(t.as_str())) {
-                    return Some(false);
+        let ready = tokio::time::timeout(
+            Duration::from_secs(60),
+            wait_for(&what, Duration::MAX, || {
+                let exited = self
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                let log = self.log.clone();
+                let (taken, last) = (&taken, &last);
+                async move {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    if taken.iter().any(|t| text.contains(t.as_str())) {
+                        return Some(false);
+                    }
+                    if let Some(status) = exited {
+                        panic!("openflux exited early ({status}):\n{}", tail(&log, 40));
+                    }
+                    match http_get(health, "/readyz").await {
+                        Some((200, _)) => Some(true),
+                        Some((code, body)) => {
+                            *last.lock().unwrap() = format!("{code}: {}", body.trim());
+                            None
+                        }
+                        None => None,
+                    }
                 }
-                if let Some(status) = exited {
-                    panic!("openflux exited early ({status}):\n{}", tail(&log, 40));
-                }
-                match http_get(health, "/readyz").await {
-                    Some((200, _)) => Some(true),
-                    _ => None,
-                }
-            }
+            }),
+        )
+        .await;
+        ready.unwrap_or_else(|_| {
+            panic!(
+                "timed out after 60s waiting for {what}; /readyz said {}\n{}",
+                last.lock().unwrap(),
+                tail(&self.log, 40)
+            )
         })
-        .await
     }
 
     /// The Prometheus text of `/metrics`.

@@ -1,0 +1,88 @@
+//! `openflux run` with a metrics or health port that another process holds
+//! stops at once with an error naming the flag, instead of running on
+//! where no probe can reach it.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A kubeconfig whose API server nothing answers: the process must fail on
+/// its port before it needs the cluster.
+fn kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\n\
+         clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
+         users: [{name: u, user: {token: t}}]\n\
+         contexts: [{name: x, context: {cluster: c, user: u, namespace: default}}]\n\
+         current-context: x\n",
+    )
+    .expect("writing the kubeconfig");
+    path
+}
+
+fn free() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+#[test]
+fn a_taken_metrics_or_health_port_stops_the_process_with_its_flag() {
+    let dir = std::env::temp_dir().join(format!("openflux-endpoints-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let kubeconfig = kubeconfig(&dir);
+    for flag in ["--metrics-addr", "--health-addr"] {
+        let held = TcpListener::bind("127.0.0.1:0").expect("binding a port to hold");
+        let taken = held.local_addr().expect("the held port");
+        let addr = |name: &str| {
+            if name == flag {
+                taken
+            } else {
+                free()
+            }
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_openflux"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("run")
+            .arg(format!("--metrics-addr={}", addr("--metrics-addr")))
+            .arg(format!("--health-addr={}", addr("--health-addr")))
+            .arg(format!("--webhook-addr={}", free()))
+            .arg("--namespace=default")
+            .arg("--watch-all-namespaces=false")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting openflux");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("polling openflux") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if status.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().expect("openflux's output");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = status
+            .unwrap_or_else(|| panic!("openflux kept running with {flag}={taken} taken:\n{text}"));
+        assert!(!status.success(), "{flag}: exit {status}\n{text}");
+        let said = format!("cannot listen on {flag} {taken}");
+        assert!(text.contains(&said), "{flag}: no `{said}` in\n{text}");
+        assert!(text.contains("Address already in use"), "{text}");
+        drop(held);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
