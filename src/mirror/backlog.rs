@@ -21,15 +21,9 @@ use crate::locks;
 #[derive(Clone)]
 struct Key(Arc<Source>);
 
-impl Key {
-    fn parts(&self) -> (&str, &str) {
-        (&self.0.namespace, &self.0.name)
-    }
-}
-
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
+        self.0.key() == other.0.key()
     }
 }
 
@@ -37,7 +31,7 @@ impl Eq for Key {}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
+        self.0.key().hash(state);
     }
 }
 
@@ -69,11 +63,6 @@ impl Backlog {
         })
     }
 
-    /// How many sources it gives at most at a time.
-    pub fn room(&self) -> usize {
-        self.room
-    }
-
     /// Wakes `source`: it is reconciled once more, from whatever the store
     /// holds then.
     pub fn wake(&self, source: Arc<Source>) {
@@ -90,8 +79,10 @@ impl Backlog {
     /// or gone from the store): another source may be given.
     pub fn done(&self, source: &Source) {
         let mut state = locks::lock(&self.state);
-        let parts = (&*source.namespace, &*source.name);
-        let given = state.given.iter().position(|key| key.parts() == parts);
+        let given = state
+            .given
+            .iter()
+            .position(|key| key.0.key() == source.key());
         if let Some(position) = given {
             state.given.swap_remove(position);
             drop(state);

@@ -54,6 +54,13 @@ pub struct SourceLabels {
     pub shard: Option<Box<str>>,
 }
 
+impl Source {
+    /// The source's namespace and name, what tells it apart.
+    pub fn key(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+}
+
 impl SourceLabels {
     pub fn of(labels: &std::collections::BTreeMap<String, String>) -> Self {
         SourceLabels {

@@ -71,7 +71,7 @@ fn hash_of(hasher: &DefaultHashBuilder, namespace: &str, name: &str) -> u64 {
 }
 
 fn is(source: &Source, namespace: &str, name: &str) -> bool {
-    &*source.namespace == namespace && &*source.name == name
+    source.key() == (namespace, name)
 }
 
 /// The store of one mirror; clones share it.
@@ -91,12 +91,16 @@ impl Sources {
     }
 
     /// How many sources are kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         locks::read(&self.0).kept.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Keeps what the watch saw of `object`, in place of what was kept.
+    fn keep(&self, object: &FluxSource) -> Arc<Source> {
+        let source = Arc::new(Source::from(object));
+        locks::write(&self.0).insert(source.clone());
+        source
     }
 
     /// Takes one change of the watch into the store, then hands `then` the
@@ -105,16 +109,8 @@ impl Sources {
     /// `then` wakes finds what the watch saw.
     pub fn take(&self, change: Change<'_, FluxSource>, then: impl FnOnce(Change<'_, Source>)) {
         match change {
-            Change::Applied(object) => {
-                let source = Arc::new(Source::from(object));
-                locks::write(&self.0).insert(source.clone());
-                then(Change::Applied(&source));
-            }
-            Change::Listed(object) => {
-                let source = Arc::new(Source::from(object));
-                locks::write(&self.0).insert(source.clone());
-                then(Change::Listed(&source));
-            }
+            Change::Applied(object) => then(Change::Applied(&self.keep(object))),
+            Change::Listed(object) => then(Change::Listed(&self.keep(object))),
             Change::Deleted(object) => {
                 let source = Source::from(object);
                 locks::write(&self.0).remove(&source.namespace, &source.name);
@@ -191,10 +187,10 @@ mod tests {
             take(&store, Change::Deleted(&object("a", "r2"))),
             "deleted a"
         );
-        assert!(store.is_empty());
+        assert_eq!(store.len(), 0);
         // Deleting what is not kept changes nothing.
         take(&store, Change::Deleted(&object("b", "r1")));
-        assert!(store.is_empty());
+        assert_eq!(store.len(), 0);
     }
 
     #[test]
