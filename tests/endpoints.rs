@@ -1,6 +1,6 @@
-//! `openflux run` with a metrics or health port that another process holds
-//! stops at once with an error naming the flag, instead of running on
-//! where no probe can reach it.
+//! `openflux run` with a metrics, health or webhook port that another
+//! process holds stops at once with an error naming the flag, instead of
+//! running on where no probe (or no API server) can reach it.
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
@@ -29,11 +29,11 @@ fn free() -> SocketAddr {
 }
 
 #[test]
-fn a_taken_metrics_or_health_port_stops_the_process_with_its_flag() {
+fn a_taken_port_stops_the_process_with_its_flag() {
     let dir = std::env::temp_dir().join(format!("openflux-endpoints-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     let kubeconfig = kubeconfig(&dir);
-    for flag in ["--metrics-addr", "--health-addr"] {
+    for flag in ["--metrics-addr", "--health-addr", "--webhook-addr"] {
         let held = TcpListener::bind("127.0.0.1:0").expect("binding a port to hold");
         let taken = held.local_addr().expect("the held port");
         let addr = |name: &str| {
@@ -49,7 +49,7 @@ fn a_taken_metrics_or_health_port_stops_the_process_with_its_flag() {
             .arg("run")
             .arg(format!("--metrics-addr={}", addr("--metrics-addr")))
             .arg(format!("--health-addr={}", addr("--health-addr")))
-            .arg(format!("--webhook-addr={}", free()))
+            .arg(format!("--webhook-addr={}", addr("--webhook-addr")))
             .arg("--namespace=default")
             .arg("--watch-all-namespaces=false")
             .stdin(Stdio::null())

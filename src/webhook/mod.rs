@@ -188,7 +188,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.webhook_addr)
         .await
-        .with_context(|| format!("cannot listen on {}", args.webhook_addr))?;
+        .with_context(|| format!("cannot listen on --webhook-addr {}", args.webhook_addr))?;
     serve_on(listener, args, cluster, knowledge, metrics, shutdown).await
 }
 

@@ -21,11 +21,22 @@ pub struct Openflux {
     pub log: PathBuf,
 }
 
-/// A free loopback port (bound and released; good enough for tests).
+/// A free loopback port, bound and released, and never one this process
+/// handed out before: the kernel may give a released port again at the
+/// next bind, and two of a test's processes (one's webhook port, the
+/// other's metrics port) would then race for it.
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port");
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return addr;
+        }
+    }
 }
 
 /// Path of the openflux binary cargo built for this test run.
