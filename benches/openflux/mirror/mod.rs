@@ -34,7 +34,7 @@ mod setup;
 use crate::support::Env;
 use figures::Measured;
 use relay::Relay;
-use setup::{artifact, plain_artifact, source_name, timed_applies, write_status};
+use setup::{artifact, plain_artifact, source_name, timed_applies, watched_applies, write_status};
 
 pub struct Params {
     /// Numbers of sources, one run each.
@@ -115,18 +115,24 @@ async fn one_size(
         &cluster::resource("v1", "ConfigMap", "configmaps"),
     );
     let api_cpu_before = process::apiserver_metrics(client).await?;
-    let baseline_sync = timed_applies(&configmaps, n, p.concurrent, |name, i| {
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
-            "data": {"revision": format!("main@sha1:{i:040x}")},
-        })
-    })
+    let baseline_sync = watched_applies(
+        configmaps.clone(),
+        &configmaps,
+        n,
+        p.concurrent,
+        |name, i| {
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGER}},
+                "data": {"revision": format!("main@sha1:{i:040x}")},
+            })
+        },
+    )
     .await?;
     let api_cpu_after = process::apiserver_metrics(client).await?;
     let baseline_api_cpu = process::apiserver_cpu_seconds(&api_cpu_after)
         - process::apiserver_cpu_seconds(&api_cpu_before);
-    print_requests(&section, "baseline", &api_cpu_before, &api_cpu_after);
+    setup::print_requests(&section, "baseline", &api_cpu_before, &api_cpu_after);
     eprintln!(
         "{section}: baseline, {n} ConfigMap applies at concurrency {}: {:.2}s",
         p.concurrent,
@@ -154,7 +160,15 @@ async fn one_size(
     let plain_artifacts = cluster::api(&writer, plain_ns, &cluster::artifacts());
     let plain_artifact = |name: &str, i: usize| plain_artifact(plain_ns, name, i);
     let api_cpu_before = process::apiserver_metrics(client).await?;
-    let artifact_sync = timed_applies(&plain_artifacts, n, p.concurrent, plain_artifact).await?;
+    let plain_admin = cluster::api(client, plain_ns, &cluster::artifacts());
+    let artifact_sync = watched_applies(
+        plain_admin.clone(),
+        &plain_artifacts,
+        n,
+        p.concurrent,
+        plain_artifact,
+    )
+    .await?;
     let artifact_api_cpu =
         process::apiserver_cpu_seconds(&process::apiserver_metrics(client).await?)
             - process::apiserver_cpu_seconds(&api_cpu_before);
@@ -165,7 +179,6 @@ async fn one_size(
     );
     // The sync then finds what the floors found: the N sources, nothing
     // of the floors' N writes each.
-    let plain_admin = cluster::api(client, plain_ns, &cluster::artifacts());
     let cleared = setup::delete_all(&plain_admin, "", delete_bound).await?;
     eprintln!(
         "{section}: the plain Artifacts deleted in {:.1}s",
@@ -215,7 +228,7 @@ async fn one_size(
     let api_at_sync = process::apiserver_metrics(client).await?;
     let sync_api_cpu = process::apiserver_cpu_seconds(&api_at_sync)
         - process::apiserver_cpu_seconds(&api_at_start);
-    print_requests(&section, "initial sync", &api_at_start, &api_at_sync);
+    setup::print_requests(&section, "initial sync", &api_at_start, &api_at_sync);
     eprintln!(
         "{section}: all Artifacts present after {:.2}s",
         present.as_secs_f64()
@@ -379,18 +392,4 @@ async fn one_size(
     drop(sources);
     figures::push(&section, n, &measured, report);
     Ok(())
-}
-
-/// What the API server was asked during a phase, largest counts first.
-fn print_requests(section: &str, phase: &str, before: &str, after: &str) {
-    let grown = process::requests_between(
-        &process::apiserver_requests(before),
-        &process::apiserver_requests(after),
-    );
-    let lines: Vec<String> = grown
-        .iter()
-        .take(16)
-        .map(|(key, count)| format!("{count:.0} {key}"))
-        .collect();
-    eprintln!("{section}: {phase}, API server: {}", lines.join(", "));
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use openflux_api::{MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL};
 
 use crate::cluster::{self, MANAGER, SOURCE};
+use crate::observe::Observer;
 
 /// The Flux finalizer, set at creation so source-controller has nothing to
 /// write on a suspended source.
@@ -97,6 +98,33 @@ pub async fn timed_applies(
         .try_for_each(|_| async { Ok(()) })
         .await?;
     Ok(started.elapsed())
+}
+
+/// [`timed_applies`] watched as the initial sync is: the benchmark's
+/// observer of the namespace's objects (through `watch`) runs from before
+/// the first apply, and the floor ends when it has seen the last object,
+/// as the sync ends when its observer has seen the last Artifact. So a
+/// floor pays for the same watch (the API server sending each object, the
+/// benchmark reading it) as the sync it is compared with.
+pub async fn watched_applies(
+    watch: Api<DynamicObject>,
+    api: &Api<DynamicObject>,
+    n: usize,
+    concurrency: usize,
+    make: impl Fn(&str, usize) -> Value,
+) -> anyhow::Result<Duration> {
+    let observer = Observer::start("floor object", watch, |o| o.metadata.name.clone());
+    observer.synced(Duration::from_secs(60)).await?;
+    let before = observer.count();
+    let started = Instant::now();
+    let applied = timed_applies(api, n, concurrency, make).await?;
+    observer
+        .until_count(before + n, false, Duration::from_secs(60), || Ok(()))
+        .await?;
+    let seen = observer
+        .last_first_seen()
+        .map_or(applied, |at| at.duration_since(started));
+    Ok(seen.max(applied))
 }
 
 /// Deletes the objects of `api` that `selector` selects (all: empty) and
@@ -188,4 +216,18 @@ pub fn plain_artifact(plain_ns: &str, name: &str, i: usize) -> Value {
         "spec": {"url": a["url"], "revision": a["revision"], "digest": a["digest"],
                  "size": a["size"], "lastUpdateTime": a["lastUpdateTime"]},
     })
+}
+
+/// What the API server was asked during a phase, largest counts first.
+pub fn print_requests(section: &str, phase: &str, before: &str, after: &str) {
+    let grown = crate::process::requests_between(
+        &crate::process::apiserver_requests(before),
+        &crate::process::apiserver_requests(after),
+    );
+    let lines: Vec<String> = grown
+        .iter()
+        .take(16)
+        .map(|(key, count)| format!("{count:.0} {key}"))
+        .collect();
+    eprintln!("{section}: {phase}, API server: {}", lines.join(", "));
 }
