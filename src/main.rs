@@ -14,29 +14,6 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's option `purge_delay` (its number in `mi_option_t`, the same
-/// in mimalloc 2 and 3).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
-extern "C" {
-    fn mi_option_set_default(option: std::ffi::c_int, value: std::ffi::c_long);
-    #[cfg(test)]
-    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
-}
-
-/// Returns memory openflux freed to the system at once rather than a
-/// second later (mimalloc 3's default). A restart with every object
-/// present makes and drops the first lists, the owner index's entries and
-/// a reconcile per source within a second or two; held for that second,
-/// memory no longer used counted as resident, against the Pod's limit: a
-/// restart with 10,000 sources peaked at 103 MiB instead of 78 MiB.
-/// `MIMALLOC_PURGE_DELAY` in the environment still decides.
-fn purge_freed_memory_at_once() {
-    // SAFETY: sets one of mimalloc's options, which it reads atomically;
-    // callable at any time, from any thread.
-    unsafe { mi_option_set_default(MI_OPTION_PURGE_DELAY, 0) }
-}
-
 #[derive(Parser, Debug)]
 #[command(
     name = "openflux",
@@ -135,7 +112,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    purge_freed_memory_at_once();
+    openflux::runtime::allocator::purge_freed_memory_at_once();
     let cli = Cli::parse();
     match main_inner(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -149,19 +126,6 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn freed_memory_is_purged_at_once() {
-        // SAFETY: reads one of mimalloc's options.
-        let default = unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(
-            default, 1000,
-            "mimalloc 3 delays purges by 1000 ms: if not, the option's number no longer names purge_delay"
-        );
-        purge_freed_memory_at_once();
-        // SAFETY: as above.
-        assert_eq!(unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) }, 0);
-    }
 
     fn deployment() -> serde_json::Value {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/deployment.yaml");

@@ -104,6 +104,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("policy::watch", Layer::Shell),
     ("runtime::wakes", Layer::Shell),
     ("runtime", Layer::Runtime),
+    ("runtime::allocator", Layer::Runtime),
     ("runtime::flags", Layer::Runtime),
     ("runtime::leader", Layer::Runtime),
     ("runtime::leader::dispatch", Layer::Runtime),

@@ -17,6 +17,12 @@
 
 use openflux_testkit as support;
 
+/// openflux's allocator, set as `openflux run` sets it: the webhook is
+/// measured in this process, and its allocations cost what they cost in
+/// the shipped binary (the servers it is compared with run on it too).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod admission;
 mod cluster;
 mod e2e;
@@ -223,6 +229,7 @@ fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
 }
 
 fn main() -> ExitCode {
+    openflux::runtime::allocator::purge_freed_memory_at_once();
     let (options, mode) = match parse_args(std::env::args().skip(1).collect()) {
         Ok(parsed) => parsed,
         Err(e) => {

@@ -14,6 +14,7 @@
 //! - [`leader`]: the leader's mirrors and export controller;
 //! - [`flags`]: the command line.
 
+pub mod allocator;
 pub mod flags;
 pub mod leader;
 pub mod router;
