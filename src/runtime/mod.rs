@@ -116,15 +116,7 @@ where
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
-    let extra = extra(&shared);
-    let failed = shutdown.clone();
-    let extra = tokio::spawn(async move {
-        let result = extra.await;
-        if result.is_err() {
-            failed.cancel();
-        }
-        result
-    });
+    let extra = spawn_service(extra(&shared), shutdown.clone());
 
     let artifacts = Writer::<Artifact>::default();
     crate::locks::lock(&shared.registry).register_collector(Box::new(
@@ -176,18 +168,14 @@ where
         move |change| artifact_hub.take(Event::Artifact(change)),
         shutdown.clone(),
     ));
-    let (failed, registry, readiness) = (
+    let health = spawn_service(
+        endpoints.serve(
+            shared.registry.clone(),
+            shared.readiness.clone(),
+            shutdown.clone(),
+        ),
         shutdown.clone(),
-        shared.registry.clone(),
-        shared.readiness.clone(),
     );
-    let health = tokio::spawn(async move {
-        let result = endpoints.serve(registry, readiness, failed.clone()).await;
-        if result.is_err() {
-            failed.cancel();
-        }
-        result
-    });
 
     let leader_election = &runtime.leader_election;
     let leading = Leading {
@@ -282,6 +270,21 @@ impl Leading {
 /// drained: no write of this term starts after that (a write already sent
 /// cannot be called back). At shutdown, with the Lease still held, waits
 /// (bounded) for them to finish what they were doing.
+/// Runs `service` in a task of its own; one that fails stops the process
+/// (cancels `shutdown`) and hands its error back through the task.
+fn spawn_service(
+    service: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    shutdown: CancellationToken,
+) -> JoinHandle<anyhow::Result<()>> {
+    tokio::spawn(async move {
+        let result = service.await;
+        if result.is_err() {
+            shutdown.cancel();
+        }
+        result
+    })
+}
+
 async fn stop_controllers(mut controllers: JoinHandle<()>, lease_lost: bool) {
     if lease_lost {
         // The leader's task owns every task it started (a JoinSet, the
