@@ -31,6 +31,21 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// A defect in openflux: the reconcile panicked.
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
+}
+
+impl Error {
+    /// The error of a reconcile that panicked with `panic`.
+    pub fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        Error::Panicked(message)
+    }
 }
 
 /// How a reconcile ended, in the words of Flux's reconcile metrics: an

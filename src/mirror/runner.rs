@@ -10,10 +10,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
+use futures::FutureExt as _;
 use openflux_api::runtime::{Retries, RetryArgs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -55,7 +57,7 @@ pub async fn run<R, F>(
             biased;
             _ = shutdown.cancelled() => break,
             Some(ended) = running.join_next() => {
-                // A reconcile that panicked made room as it unwound.
+                // A reconcile's panic is caught in its task (an Err).
                 let Ok((source, result)) = ended else { continue };
                 let key = (source.namespace.clone(), source.name.clone());
                 let again = match result {
@@ -87,9 +89,10 @@ pub async fn run<R, F>(
                     continue;
                 };
                 let room = Room { backlog: backlog.clone(), source: given };
-                let reconciled = reconcile(source.clone());
+                let reconciled = AssertUnwindSafe(reconcile(source.clone())).catch_unwind();
                 running.spawn(async move {
-                    let result = reconciled.await;
+                    // A panic is a failed reconcile: retried after a backoff.
+                    let result = reconciled.await.unwrap_or_else(|panic| Err(Error::panicked(&*panic)));
                     drop(room);
                     (source, result)
                 });
@@ -163,6 +166,56 @@ mod tests {
             out.push(key.1.to_string());
         }
         out
+    }
+
+    /// A reconcile that panics is a failed one: logged, and the source is
+    /// looked at again after the failure's backoff, not forgotten until it
+    /// next changes.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_panics_is_retried_after_a_backoff() {
+        let sources = Sources::default();
+        let source = sources.insert(Source {
+            namespace: "apps".into(),
+            name: "web".into(),
+            uid: None,
+            labels: Default::default(),
+            artifact: None,
+        });
+        let backlog = Backlog::new(2);
+        backlog.wake(source);
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let retry = RetryArgs {
+            min_retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(10),
+        };
+        let reconcile = {
+            let calls = calls.clone();
+            move |_: Arc<Source>| {
+                let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let done_tx = done_tx.clone();
+                async move {
+                    if call == 0 {
+                        panic!("a defect in the reconcile");
+                    }
+                    let _ = done_tx.send(call);
+                    Ok(None)
+                }
+            }
+        };
+        let runner = tokio::spawn(run(
+            "GitRepository",
+            sources,
+            backlog,
+            retry,
+            reconcile,
+            shutdown.clone(),
+        ));
+        let again = tokio::time::timeout(Duration::from_secs(60), done.recv()).await;
+        shutdown.cancel();
+        runner.await.unwrap();
+        assert_eq!(again, Ok(Some(1)), "the source was not reconciled again");
     }
 
     #[tokio::test(start_paused = true)]

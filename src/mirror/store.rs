@@ -96,6 +96,14 @@ impl Sources {
         locks::read(&self.0).kept.len()
     }
 
+    /// Keeps `source` as it is.
+    #[cfg(test)]
+    pub(super) fn insert(&self, source: Source) -> Arc<Source> {
+        let source = Arc::new(source);
+        locks::write(&self.0).insert(source.clone());
+        source
+    }
+
     /// Keeps what the watch saw of `object`, in place of what was kept.
     fn keep(&self, object: &FluxSource) -> Arc<Source> {
         let source = Arc::new(Source::from(object));
