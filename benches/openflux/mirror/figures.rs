@@ -16,6 +16,9 @@ pub struct Measured {
     /// plain client as openflux.
     pub baseline_sync: Duration,
     pub artifact_sync: Duration,
+    /// The two-hop relay's first list of the same sources to all its
+    /// Artifacts present: reads the sources as openflux does.
+    pub relay_sync: Duration,
     /// Per source, during the initial sync.
     pub sync_writes: f64,
     pub sync_reconciles: f64,
@@ -69,6 +72,15 @@ pub fn push(section: &str, n: usize, m: &Measured, report: &mut Report) {
             present,
         )
         .baseline(m.artifact_sync.as_secs_f64()),
+    );
+    report.push(
+        Figure::new(
+            section,
+            "initial sync vs. the two-hop relay's sync of the same sources",
+            "s",
+            present,
+        )
+        .baseline(m.relay_sync.as_secs_f64()),
     );
     report.push(
         Figure::new(

@@ -6,10 +6,12 @@
 //!   baselines: N server-side applies of ConfigMaps, and of the Artifacts
 //!   openflux would write, at openflux's concurrency, each deleted before
 //!   the next phase so every phase finds the API server holding the same;
+//!   and the two-hop relay's first list of the same sources (`relay.rs`:
+//!   the floor of openflux's path, which reads the sources as openflux
+//!   does), timed by the same kind of watch;
 //! - propagation: a status write to the Artifact's update seen by a watch;
-//!   baselines: a two-hop relay of the same sources (`relay.rs`: the floor
-//!   of openflux's path), and the same watch client seeing the source's
-//!   own update (one hop);
+//!   baselines: the same relay, and the same watch client seeing the
+//!   source's own update (one hop);
 //! - API writes per change and per no-op status write, from openflux's
 //!   metrics and from the API server's;
 //! - peak RSS of the openflux process, and of a restart with every Artifact
@@ -33,8 +35,7 @@ mod setup;
 
 use crate::support::Env;
 use figures::Measured;
-use relay::Relay;
-use setup::{artifact, plain_artifact, source_name, timed_applies, watched_applies, write_status};
+use setup::{artifact, plain_artifact, source_name, watched_applies, write_status};
 
 pub struct Params {
     /// Numbers of sources, one run each.
@@ -184,6 +185,17 @@ async fn one_size(
         "{section}: the plain Artifacts deleted in {:.1}s",
         cleared.as_secs_f64()
     );
+    let sync_timeout = Duration::from_secs(120) + Duration::from_millis(40 * n as u64);
+    let relay_sync = relay::sync_floor(
+        &repos,
+        client,
+        &plain_artifacts,
+        plain_ns,
+        n,
+        p,
+        sync_timeout,
+    )
+    .await?;
 
     // The current artifact of each source, so a no-op write can repeat it.
     let mut current: Vec<Value> = (0..n)
@@ -212,7 +224,6 @@ async fn one_size(
     ];
     let api_at_start = process::apiserver_metrics(client).await?;
     let mut of = Openflux::spawn(env, &format!("bench-mirror-{n}"), &args)?;
-    let sync_timeout = Duration::from_secs(120) + Duration::from_millis(40 * n as u64);
     artifacts
         .until_count(n, false, sync_timeout, || of.check_alive())
         .await?;
@@ -236,24 +247,16 @@ async fn one_size(
     // Let the last writes and watch events settle.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    // The two-hop floor: a relay of the same sources into the plain
-    // namespace's Artifacts, running beside openflux from here on. Its
-    // Artifacts exist first (the floor's, written again, untimed), so its
-    // writes are updates, as openflux's are.
-    let api_before_relay = process::apiserver_metrics(client).await?;
-    timed_applies(&plain_artifacts, n, p.concurrent, plain_artifact).await?;
-    let api_after_relay = process::apiserver_metrics(client).await?;
+    // The two-hop floor: the relay again, running beside openflux from
+    // here on. Its first list writes its Artifacts again (untimed), so its
+    // writes after are updates, as openflux's are.
     let relayed = Observer::start("relayed Artifact", relay::api(client, plain_ns), |o| {
         string_at(o, "/spec/revision")
     });
     relayed.synced(Duration::from_secs(60)).await?;
-    let relay = Relay::start(
-        repos.clone(),
-        relay::api(client, plain_ns),
-        p.concurrent,
-        Duration::from_secs(120),
-    )
-    .await?;
+    let api_before_relay = process::apiserver_metrics(client).await?;
+    let (relay, _) = relay::sync(&repos, &plain_artifacts, &relayed, n, p, sync_timeout).await?;
+    let api_after_relay = process::apiserver_metrics(client).await?;
 
     // Propagation of changes, one at a time.
     let of_before = of.metrics().await?;
@@ -373,6 +376,7 @@ async fn one_size(
         first,
         baseline_sync,
         artifact_sync,
+        relay_sync,
         sync_writes,
         sync_reconciles,
         sync_api_cpu,

@@ -1,23 +1,26 @@
-//! The floor of openflux's propagation: a two-hop relay. openflux's path is
-//! two hops (the source's write reaches its watch; its apply reaches the
+//! The floor of openflux's path: a two-hop relay. openflux's path is two
+//! hops (the source's write reaches its watch; its apply reaches the
 //! consumer's watch); the relay takes the same two hops with nothing in
 //! between. It watches the same sources with the same client library and
-//! watcher settings, and applies each changed `status.artifact` as an
-//! Artifact's spec, server-side, at the same concurrency: no queue, no
-//! plan, no comparison.
+//! watcher settings (paged consistent lists, as openflux's), and applies
+//! each listed or changed `status.artifact` as an Artifact's spec, with
+//! openflux's labels, server-side, at the same concurrency, as the
+//! plain-client floor's identity: no queue, no plan, no comparison, no
+//! watch of the Artifacts it writes.
 //!
-//! It writes into the plain namespace, which openflux does not watch, to
-//! the Artifacts the initial sync baseline made there (`plain-<i>` for the
-//! source `repo-<i>`), so each relayed change is an update, as openflux's
-//! are. It counts the writes it sends, so the API server's count of
-//! Artifact writes can still be read as openflux's.
+//! It writes into the plain namespace, which openflux does not watch
+//! (`plain-<i>` for the source `repo-<i>`). Its first list writes every
+//! Artifact there: the floor of openflux's initial sync that reads the
+//! sources as openflux does. Each change relayed after it is an update, as
+//! openflux's are. It counts the writes it sends, so the API server's count
+//! of Artifact writes can still be read as openflux's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -26,7 +29,11 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use openflux_api::{MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL};
+
 use crate::cluster::{self, ARTIFACT};
+use crate::observe::{string_at, Observer};
+use crate::process;
 
 const FIELD_MANAGER: &str = "openflux-bench-relay";
 
@@ -42,16 +49,16 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Relays every change of the sources in `sources` after their initial
-    /// list (which it skips: the Artifacts exist) to Artifacts in `plain`;
-    /// returns once that list is in (bounded by `timeout`).
+    /// Relays every source in `sources`, as listed and as changed after, to
+    /// Artifacts in `plain`; returns once the first list is in (bounded by
+    /// `timeout`), its writes still under way.
     pub async fn start(
         sources: Api<DynamicObject>,
         plain: Api<DynamicObject>,
         concurrent: usize,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let config = watcher::Config::default().any_semantic();
+        let config = openflux::runtime::watch::paged();
         let (listed, is_listed) = oneshot::channel();
         let mut listed = Some(listed);
         let writes = Arc::new(AtomicU64::new(0));
@@ -62,7 +69,9 @@ impl Relay {
                 .default_backoff()
                 .filter_map(|event| {
                     let source = match event {
-                        Ok(watcher::Event::Apply(source)) => Some(source),
+                        Ok(watcher::Event::InitApply(source) | watcher::Event::Apply(source)) => {
+                            Some(source)
+                        }
                         Ok(watcher::Event::InitDone) => {
                             if let Some(listed) = listed.take() {
                                 let _ = listed.send(());
@@ -115,7 +124,11 @@ async fn relay(
         .into();
     let body = json!({
         "apiVersion": ARTIFACT, "kind": "Artifact",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {
+            MANAGED_BY_LABEL: MANAGED_BY,
+            SOURCE_KIND_LABEL: "gitrepository",
+            SOURCE_NAME_LABEL: source.name_any(),
+        }},
         "spec": spec,
     });
     sent.fetch_add(1, Ordering::SeqCst);
@@ -127,6 +140,63 @@ async fn relay(
         )
         .await
         .map(|_| ())
+}
+
+/// Starts the relay of `repos` writing through `writes` (an empty
+/// namespace) and waits (bounded by `timeout`) until `relayed`, watching
+/// that namespace, has seen `n` Artifacts: the relay, and its start to the
+/// last of them.
+pub async fn sync(
+    repos: &Api<DynamicObject>,
+    writes: &Api<DynamicObject>,
+    relayed: &Observer,
+    n: usize,
+    p: &super::Params,
+    timeout: Duration,
+) -> anyhow::Result<(Relay, Duration)> {
+    let started = Instant::now();
+    let relay = Relay::start(repos.clone(), writes.clone(), p.concurrent, timeout).await?;
+    relayed.until_count(n, false, timeout, || Ok(())).await?;
+    let last = relayed
+        .last_first_seen()
+        .context("the relay's Artifacts were not seen")?;
+    Ok((relay, last.duration_since(started)))
+}
+
+/// The relay's first list as a floor of the initial sync, taken as the
+/// other floors are (watched, on an API server holding the N sources, its
+/// Artifacts deleted after): start to the last Artifact seen.
+pub async fn sync_floor(
+    repos: &Api<DynamicObject>,
+    client: &kube::Client,
+    writes: &Api<DynamicObject>,
+    plain_ns: &str,
+    n: usize,
+    p: &super::Params,
+    timeout: Duration,
+) -> anyhow::Result<Duration> {
+    let section = format!("mirror N={n}");
+    let relayed = Observer::start("relayed Artifact", api(client, plain_ns), |o| {
+        string_at(o, "/spec/revision")
+    });
+    relayed.synced(Duration::from_secs(60)).await?;
+    let before = process::apiserver_metrics(client).await?;
+    let (relay, took) = sync(repos, writes, &relayed, n, p, timeout).await?;
+    drop(relay);
+    let after = process::apiserver_metrics(client).await?;
+    let cpu = process::apiserver_cpu_seconds(&after) - process::apiserver_cpu_seconds(&before);
+    super::setup::print_requests(&section, "relay's sync", &before, &after);
+    eprintln!(
+        "{section}: the two-hop relay's sync of the same sources: {:.2}s, {cpu:.1} API server CPU-seconds",
+        took.as_secs_f64()
+    );
+    drop(relayed);
+    let cleared = super::setup::delete_all(&api(client, plain_ns), "", timeout).await?;
+    eprintln!(
+        "{section}: the relay's Artifacts deleted in {:.1}s",
+        cleared.as_secs_f64()
+    );
+    Ok(took)
 }
 
 /// The plain namespace's Artifacts, as the relay writes them.
