@@ -4,9 +4,12 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, RwLock};
 
+use futures::FutureExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
@@ -34,6 +37,16 @@ pub enum Error {
     /// A defect in openflux: the reconcile panicked.
     #[error("the reconcile panicked: {0}")]
     Panicked(String),
+}
+
+/// Runs `reconcile`; a panic in it becomes a failed reconcile
+/// ([`Error::Panicked`]), retried after a backoff like any other failure,
+/// instead of ending the task that runs every reconcile of its controller.
+pub async fn caught<T>(reconcile: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    AssertUnwindSafe(reconcile)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(Error::panicked(&*panic)))
 }
 
 impl Error {
@@ -195,6 +208,27 @@ pub fn hash_of<T: Serialize>(value: &T) -> Result<u64, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_reconcile_that_panics_is_a_failed_one_with_the_panics_message() {
+        let fixed = caught(async {
+            if true {
+                panic!("a defect");
+            }
+            Ok(())
+        })
+        .await;
+        assert!(matches!(fixed, Err(Error::Panicked(m)) if m == "a defect"));
+        let formatted = caught(async {
+            if true {
+                panic!("a defect in {}", "apps/web");
+            }
+            Ok(())
+        })
+        .await;
+        assert!(matches!(formatted, Err(Error::Panicked(m)) if m == "a defect in apps/web"));
+        assert!(matches!(caught(async { Ok(7) }).await, Ok(7)));
+    }
 
     #[test]
     fn memo_skips_only_while_the_cache_is_stale() {

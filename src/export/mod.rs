@@ -48,7 +48,7 @@ pub use plan::{
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
-use crate::context::{ready, reconcile_result, Context, Error};
+use crate::context::{caught, ready, reconcile_result, Context, Error};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
 use crate::locks;
@@ -94,7 +94,7 @@ pub async fn run(
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown)
         .run(
-            reconcile,
+            |artifact, exporter| caught(reconcile(artifact, exporter)),
             |artifact, error, exporter| {
                 let delay = exporter.retries.failed(ObjectRef::from(artifact.as_ref()));
                 tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, retry_in = ?delay, "export reconcile failed");

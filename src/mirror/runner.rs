@@ -10,12 +10,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::poll_fn;
-use futures::FutureExt as _;
 use openflux_api::runtime::{Retries, RetryArgs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -89,10 +87,9 @@ pub async fn run<R, F>(
                     continue;
                 };
                 let room = Room { backlog: backlog.clone(), source: given };
-                let reconciled = AssertUnwindSafe(reconcile(source.clone())).catch_unwind();
+                let reconciled = crate::context::caught(reconcile(source.clone()));
                 running.spawn(async move {
-                    // A panic is a failed reconcile: retried after a backoff.
-                    let result = reconciled.await.unwrap_or_else(|panic| Err(Error::panicked(&*panic)));
+                    let result = reconciled.await;
                     drop(room);
                     (source, result)
                 });
