@@ -51,7 +51,7 @@ pub async fn caught<T>(reconcile: impl Future<Output = Result<T, Error>>) -> Res
 
 impl Error {
     /// The error of a reconcile that panicked with `panic`.
-    pub fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
+    fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())

@@ -250,10 +250,7 @@ async fn one_size(
     // The two-hop floor: the relay again, running beside openflux from
     // here on. Its first list writes its Artifacts again (untimed), so its
     // writes after are updates, as openflux's are.
-    let relayed = Observer::start("relayed Artifact", relay::api(client, plain_ns), |o| {
-        string_at(o, "/spec/revision")
-    });
-    relayed.synced(Duration::from_secs(60)).await?;
+    let relayed = relay::observer(client, plain_ns).await?;
     let api_before_relay = process::apiserver_metrics(client).await?;
     let (relay, _) = relay::sync(&repos, &plain_artifacts, &relayed, n, p, sync_timeout).await?;
     let api_after_relay = process::apiserver_metrics(client).await?;

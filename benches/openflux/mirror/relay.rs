@@ -176,10 +176,7 @@ pub async fn sync_floor(
     timeout: Duration,
 ) -> anyhow::Result<Duration> {
     let section = format!("mirror N={n}");
-    let relayed = Observer::start("relayed Artifact", api(client, plain_ns), |o| {
-        string_at(o, "/spec/revision")
-    });
-    relayed.synced(Duration::from_secs(60)).await?;
+    let relayed = observer(client, plain_ns).await?;
     let before = process::apiserver_metrics(client).await?;
     let (relay, took) = sync(repos, writes, &relayed, n, p, timeout).await?;
     drop(relay);
@@ -197,6 +194,16 @@ pub async fn sync_floor(
         cleared.as_secs_f64()
     );
     Ok(took)
+}
+
+/// A watch of the relay's Artifacts in `plain_ns` (their revisions),
+/// synced.
+pub async fn observer(client: &kube::Client, plain_ns: &str) -> anyhow::Result<Observer> {
+    let relayed = Observer::start("relayed Artifact", api(client, plain_ns), |o| {
+        string_at(o, "/spec/revision")
+    });
+    relayed.synced(Duration::from_secs(60)).await?;
+    Ok(relayed)
 }
 
 /// The plain namespace's Artifacts, as the relay writes them.
