@@ -224,6 +224,7 @@ const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("writers", Layer::Shell),
     ("cells", Layer::Shell),
     ("nodes", Layer::Shell),
+    ("pods", Layer::Shell),
     ("spire", Layer::Shell),
 ];
 

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use openflux_testkit as support;
 use serde_json::json;
+use support::pods::{leader_pod, openflux_pods, MemoryCgroup, OpenfluxPod, OPENFLUX_PODS, SYSTEM};
 use support::Env;
 
 use super::failover;
@@ -19,71 +19,9 @@ use super::load::{self, Admissions};
 use super::{all_available, installed, ROLLOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
-const SYSTEM: &str = "openflux-system";
-const OPENFLUX_PODS: &str = "app.kubernetes.io/name=openflux";
 /// Artifacts the updates go round.
 const ARTIFACTS: usize = 10;
 const UPDATES: usize = 500;
-
-/// The live openflux Pod holding the leader election Lease (its identity
-/// is `<host name>_<random>`, the host name being the Pod's name). A Lease
-/// still naming a Pod that is gone or going (after a rollout, until it
-/// expires) names no leader.
-async fn leader_pod(env: &Env) -> Option<String> {
-    let holder = lease_holder(env).await?;
-    openflux_pods(env)
-        .await
-        .iter()
-        .any(|(name, ..)| *name == holder)
-        .then_some(holder)
-}
-
-async fn lease_holder(env: &Env) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM);
-    let list = leases.list(&ListParams::default()).await.ok()?;
-    list.items
-        .iter()
-        .filter(|l| {
-            l.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with("openflux-leader-election"))
-        })
-        .find_map(|l| {
-            let holder = l.spec.as_ref()?.holder_identity.clone()?;
-            let (pod, _) = holder.rsplit_once('_')?;
-            Some(pod.to_string())
-        })
-}
-
-/// openflux's running Pods: name, IP, restarts, and whether a container of
-/// it was ever killed for memory.
-async fn openflux_pods(env: &Env) -> Vec<(String, String, i32, bool)> {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), SYSTEM);
-    let list = pods
-        .list(&ListParams::default().labels(OPENFLUX_PODS))
-        .await
-        .expect("listing openflux's Pods");
-    list.items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| {
-            let status = p.status?;
-            let ip = status.pod_ip?;
-            let containers = status.container_statuses.unwrap_or_default();
-            let restarts = containers.iter().map(|c| c.restart_count).sum();
-            let oom = containers.iter().any(|c| {
-                let terminated = c
-                    .last_state
-                    .as_ref()
-                    .and_then(|s| s.terminated.as_ref())
-                    .or_else(|| c.state.as_ref().and_then(|s| s.terminated.as_ref()));
-                terminated.is_some_and(|t| t.reason.as_deref() == Some("OOMKilled"))
-            });
-            Some((p.metadata.name?, ip, restarts, oom))
-        })
-        .collect()
-}
 
 /// openflux as installed: its Deployment Available and exactly its two
 /// replicas' Pods, none of an earlier rollout still terminating.
@@ -304,33 +242,6 @@ async fn running_images(env: &Env) -> Vec<String> {
         .collect()
 }
 
-/// The memory cgroup (v1) of each openflux container on the nodes.
-fn memory_cgroups() -> Vec<std::path::PathBuf> {
-    support::nodes::node_processes("openflux")
-        .into_iter()
-        .filter_map(|pid| {
-            let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-            let path = cgroups.lines().find_map(|l| {
-                let mut parts = l.splitn(3, ':');
-                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-                controllers
-                    .split(',')
-                    .any(|c| c == "memory")
-                    .then(|| path.to_string())
-            })?;
-            Some(std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')))
-        })
-        .collect()
-}
-
-fn read_bytes(path: &std::path::Path) -> u64 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 /// Sixteen clients per replica post maximum-size reviews (3 MiB each)
 /// straight to openflux's Pods for 20 s: the real memory limit (256 MiB)
 /// holds, no container is killed or restarted, and every request gets an
@@ -345,22 +256,21 @@ async fn a_flood_of_maximum_size_reviews_kills_no_container() {
         ROLLOUT,
         || async {
             let pods = openflux_pods(&env).await;
-            let cgroups = memory_cgroups();
+            let cgroups = MemoryCgroup::of_containers("openflux");
             (pods.len() == 2 && cgroups.len() == 2).then_some((pods, cgroups))
         },
     )
     .await;
     let mut limits = Vec::new();
     for cgroup in &cgroups {
-        // The peak from here on (cgroup v1 resets it on a write).
-        std::fs::write(cgroup.join("memory.max_usage_in_bytes"), "0")
-            .unwrap_or_else(|e| panic!("resetting {}: {e}", cgroup.display()));
-        limits.push(read_bytes(&cgroup.join("memory.limit_in_bytes")));
+        // The peak from here on.
+        cgroup.reset_peak();
+        limits.push(cgroup.limit());
     }
     let tls = load::tls_trusting(&load::webhook_ca(&env));
     let addrs: Vec<std::net::SocketAddr> = before
         .iter()
-        .map(|(_, ip, _, _)| format!("{ip}:9443").parse().expect("a Pod address"))
+        .map(|p| format!("{}:9443", p.ip).parse().expect("a Pod address"))
         .collect();
     let seconds = Duration::from_secs(20);
     let flood = load::flood(
@@ -371,10 +281,7 @@ async fn a_flood_of_maximum_size_reviews_kills_no_container() {
         Instant::now() + seconds,
     )
     .await;
-    let peaks: Vec<u64> = cgroups
-        .iter()
-        .map(|c| read_bytes(&c.join("memory.max_usage_in_bytes")))
-        .collect();
+    let peaks: Vec<u64> = cgroups.iter().map(MemoryCgroup::peak).collect();
     let after = openflux_pods(&env).await;
     let mib = |b: u64| b as f64 / 1048576.0;
     println!(
@@ -386,12 +293,16 @@ async fn a_flood_of_maximum_size_reviews_kills_no_container() {
         peaks.iter().map(|b| format!("{:.0}", mib(*b))).collect::<Vec<_>>(),
         limits.iter().map(|b| format!("{:.0}", mib(*b))).collect::<Vec<_>>(),
     );
-    for (name, _, restarts, oom) in &after {
-        assert!(!oom, "{name} was killed for memory during the flood");
-        assert_eq!(*restarts, 0, "{name} restarted during the flood");
+    for pod in &after {
+        let name = &pod.name;
+        assert!(
+            !pod.oom_killed,
+            "{name} was killed for memory during the flood"
+        );
+        assert_eq!(pod.restarts, 0, "{name} restarted during the flood");
     }
-    let names = |pods: &[(String, String, i32, bool)]| {
-        let mut n: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    let names = |pods: &[OpenfluxPod]| {
+        let mut n: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
         n.sort();
         n
     };

@@ -13,55 +13,6 @@ use super::{custom_source_flows, ROLLOUT};
 
 const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 
-/// Removes openflux as the README's "Uninstall" does (steps 2 to 4), and
-/// the Flux objects of an earlier install with Flux, so what follows
-/// installs from nothing.
-pub fn uninstall(env: &Env) {
-    for args in [
-        &[
-            "-n",
-            "flux-system",
-            "delete",
-            "kustomizations.kustomize.toolkit.fluxcd.io,ocirepositories.source.toolkit.fluxcd.io",
-            "openflux-http-source",
-            "openflux",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ][..],
-        &[
-            "delete",
-            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
-            "openflux",
-            "--ignore-not-found",
-        ],
-        &[
-            "delete",
-            "-k",
-            "manifests/http-source/",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ],
-        &[
-            "delete",
-            "-k",
-            "manifests/",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=180s",
-        ],
-    ] {
-        let out = env.run_kubectl(args, None);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
 /// The Flux Kustomization `name` in flux-system: Ready, and its inventory.
 async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
     support::wait_for(
@@ -99,7 +50,7 @@ async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
 async fn installed_by_flux_from_its_oci_artifact_openflux_serves_a_custom_source() {
     let env = support::cell(Cell::Nodes).await;
     super::INSTALLED.store(false, std::sync::atomic::Ordering::SeqCst);
-    tokio::task::block_in_place(|| uninstall(&env));
+    tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let out =
         tokio::task::block_in_place(|| support::nodes::install_with_flux_as_readme_says(&env));
     println!(

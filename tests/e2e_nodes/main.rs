@@ -59,7 +59,7 @@ async fn installed() -> Env {
     if !INSTALLED.load(Ordering::SeqCst) {
         // A cell reused from an earlier run may have an older installation,
         // by kubectl or by Flux.
-        tokio::task::block_in_place(|| flux_install::uninstall(&env));
+        tokio::task::block_in_place(|| support::nodes::uninstall(&env));
         // Blocking on purpose: the block builds images and waits for rollouts.
         let out = tokio::task::block_in_place(|| support::nodes::install_as_readme_says(&env));
         println!(

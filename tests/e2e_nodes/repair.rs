@@ -81,7 +81,7 @@ fn push_broken_release(env: &Env, http_source_image: &str, tag: &str) {
 async fn a_broken_openflux_is_repaired_through_flux_while_its_dependents_wait() {
     let env = support::cell(Cell::Nodes).await;
     super::INSTALLED.store(false, Ordering::SeqCst);
-    tokio::task::block_in_place(|| super::flux_install::uninstall(&env));
+    tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let out =
         tokio::task::block_in_place(|| support::nodes::install_with_flux_as_readme_says(&env));
     assert!(out.status.success(), "the install-with-Flux block failed");

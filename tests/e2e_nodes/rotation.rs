@@ -83,7 +83,7 @@ async fn every_pod_serves_from(env: &Env, ca: &str) -> bool {
 async fn three_replicas_as_pods_rotate_their_ca_under_admissions_without_a_failure() {
     let env = support::cell(Cell::Nodes).await;
     super::INSTALLED.store(false, Ordering::SeqCst);
-    tokio::task::block_in_place(|| super::flux_install::uninstall(&env));
+    tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let image = tokio::task::block_in_place(|| support::release::current_image(&env));
 
     // Nothing prepared: this build's manifests, three replicas, short

@@ -135,7 +135,7 @@ async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str) {
 async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_export() {
     let env = support::cell(Cell::Nodes).await;
     super::INSTALLED.store(false, Ordering::SeqCst);
-    tokio::task::block_in_place(|| super::flux_install::uninstall(&env));
+    tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let current = tokio::task::block_in_place(|| support::release::current_image(&env));
     let previous = tokio::task::block_in_place(|| support::release::previous(&env));
     println!(

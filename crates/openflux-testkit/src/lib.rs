@@ -13,11 +13,10 @@
 //!
 //! Tests that need the loopback fixtures (Git server, static file server)
 //! take them from [`Env::fixtures`]. A test never skips: on a cluster that
-//! was not started by `e2e/cluster` and without the `OPENFLUX_E2E_*`
-//! fixture variables, it fails with a message naming the missing variables;
-//! a control plane that cannot start fails it with the component that did
-//! not come up. Waits are always bounded ([`wait_for`]); nothing sleeps to
-//! synchronize.
+//! was not started by `e2e/cluster` and without the `OPENFLUX_E2E_*` fixture
+//! variables, it fails with a message naming the missing variables; a control
+//! plane that cannot start fails it with the component that did not come up.
+//! Waits are always bounded ([`wait_for`]); nothing sleeps to synchronize.
 #![allow(dead_code)]
 
 mod cells;
@@ -29,6 +28,7 @@ pub mod nodes;
 mod objects;
 pub mod openflux;
 pub mod operator;
+pub mod pods;
 pub mod proxy;
 pub mod references;
 pub mod release;

@@ -149,6 +149,55 @@ pub fn node_processes(binary: &str) -> Vec<u32> {
     pids
 }
 
+/// Removes openflux as the README's "Uninstall" does (steps 2 to 4), and
+/// the Flux objects of an earlier install with Flux, so what follows
+/// installs from nothing.
+pub fn uninstall(env: &Env) {
+    for args in [
+        &[
+            "-n",
+            "flux-system",
+            "delete",
+            "kustomizations.kustomize.toolkit.fluxcd.io,ocirepositories.source.toolkit.fluxcd.io",
+            "openflux-http-source",
+            "openflux",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+        ][..],
+        &[
+            "delete",
+            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+            "openflux",
+            "--ignore-not-found",
+        ],
+        &[
+            "delete",
+            "-k",
+            "manifests/http-source/",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        &[
+            "delete",
+            "-k",
+            "manifests/",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=180s",
+        ],
+    ] {
+        let out = env.run_kubectl(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Installs Flux on the nodes cell in another shape (`default`: `flux
 /// install`; `source-watcher`: `flux install
 /// --components-extra=source-watcher`, the ExternalArtifact gate on) and
