@@ -3,13 +3,15 @@
 //! ratio of the two; docs/benchmarks.md explains each figure.
 //!
 //! ```text
-//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,admission,mirror,e2e]
-//!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5]
+//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,admission,mirror,e2e,pods]
+//!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5] [--pod-sizes 5000]
 //! ```
 //!
 //! `e2e/bench` brings up the local control plane and runs this. Without a
 //! `KUBECONFIG` in the environment the cluster benchmarks start the local
-//! control plane themselves (as the end-to-end tests do).
+//! control plane themselves (as the end-to-end tests do); the `pods`
+//! section starts the nodes cell (`e2e/cluster cell nodes up`) as its
+//! tests do.
 //!
 //! Run by `cargo test` (which, unlike `cargo bench`, passes no `--bench`
 //! argument) it is a smoke test: the quick mode, nothing written, no figure
@@ -29,204 +31,23 @@ mod e2e;
 mod loadgen;
 mod mirror;
 mod observe;
+mod options;
 mod parse;
 mod plot;
+mod pods;
 mod process;
 mod report;
 mod stats;
 mod webhook;
 mod webhook_setup;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
-
+use options::{parse_args, Section, TestMode};
 use report::Report;
 
-const USAGE: &str = "\
-usage: cargo bench --bench openflux -- [options]
-
-  --quick                 small sizes and short runs (a smoke check, seconds)
-  --json FILE             also write the figures as JSON to FILE
-  --only LIST             sections to run, of: parse,webhook,admission,mirror,e2e (default: all)
-  --mirror-sizes LIST     numbers of GitRepositories (default 100,1000,5000)
-  --samples N             timed status writes per mirror size (default 200)
-  --noop-samples N        status writes that change no artifact (default 50)
-  --e2e-samples N         changes timed per end-to-end path (default 5)
-  --concurrent N          openflux --concurrent and the baseline's concurrency (default 4)
-  --webhook-seconds S     measured seconds per webhook run (default 5)
-  --webhook-rate R        requests per second of the latency runs (default 1000)
-  --connections N         load generator connections, HTTP/1.1, and creates in flight
-                          through the API server (admission) (default 8)
-  --webhook-profile N     only the webhook's in-process router phase, N requests each
-                          (openflux, then the constant answer), for a profiler
-  --webhook-log-level L   log filter of the webhook, as openflux run --log-level (default info)
-";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Section {
-    Parse,
-    Webhook,
-    Admission,
-    Mirror,
-    E2e,
-}
-
-impl Section {
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        Ok(match s {
-            "parse" => Section::Parse,
-            "webhook" => Section::Webhook,
-            "admission" => Section::Admission,
-            "mirror" => Section::Mirror,
-            "e2e" | "end-to-end" => Section::E2e,
-            other => bail!("unknown section {other:?} (parse, webhook, admission, mirror, e2e)"),
-        })
-    }
-}
-
-struct Options {
-    /// Run by `cargo bench` (else by `cargo test`: a smoke test).
-    bench: bool,
-    quick: bool,
-    json: Option<PathBuf>,
-    sections: Vec<Section>,
-    mirror: mirror::Params,
-    e2e_samples: usize,
-    webhook: WebhookParams,
-}
-
-/// Parameters of the webhook benchmark.
-#[derive(Clone, Debug)]
-pub struct WebhookParams {
-    pub seconds: f64,
-    pub warmup: f64,
-    pub rate: f64,
-    pub connections: usize,
-    /// Rounds of each measurement, alternating baseline and openflux.
-    pub rounds: usize,
-    /// Log filter the webhook runs with (`openflux run --log-level`).
-    pub log_level: String,
-    /// Only the in-process router phase, this many requests each, for a
-    /// profiler ([`webhook_setup::profile`]).
-    pub profile: Option<usize>,
-}
-
-/// What `cargo test` does with this binary.
-enum TestMode {
-    Run,
-    List,
-    Skip,
-}
-
-fn parse_list<T: std::str::FromStr>(v: &str) -> anyhow::Result<Vec<T>> {
-    v.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("bad number {s:?}"))
-        })
-        .collect()
-}
-
-fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
-    let bench = args.iter().any(|a| a == "--bench");
-    let quick = !bench || args.iter().any(|a| a == "--quick");
-    let mut o = Options {
-        bench,
-        quick,
-        json: None,
-        sections: vec![
-            Section::Parse,
-            Section::Webhook,
-            Section::Admission,
-            Section::Mirror,
-            Section::E2e,
-        ],
-        mirror: mirror::Params {
-            sizes: if quick {
-                vec![50]
-            } else {
-                vec![100, 1000, 5000]
-            },
-            samples: if quick { 20 } else { 200 },
-            noop_samples: if quick { 10 } else { 50 },
-            concurrent: 4,
-            setup_concurrency: 16,
-            wait_cleanup: !quick,
-            measured_after: true,
-        },
-        e2e_samples: if quick { 1 } else { 5 },
-        webhook: WebhookParams {
-            seconds: if quick { 1.0 } else { 5.0 },
-            warmup: if quick { 0.3 } else { 1.0 },
-            rate: 1000.0,
-            connections: 8,
-            rounds: if quick { 1 } else { 2 },
-            log_level: "info".to_string(),
-            profile: None,
-        },
-    };
-    let mut mode = TestMode::Run;
-    let mut filters = Vec::new();
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let value = |it: &mut std::vec::IntoIter<String>| -> anyhow::Result<String> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => it.next().with_context(|| format!("{flag} needs a value")),
-            }
-        };
-        match flag.as_str() {
-            "--bench" | "--quick" => {}
-            "--json" => o.json = Some(PathBuf::from(value(&mut it)?)),
-            "--only" => {
-                o.sections = value(&mut it)?
-                    .split(',')
-                    .map(Section::parse)
-                    .collect::<anyhow::Result<_>>()?
-            }
-            "--mirror-sizes" => o.mirror.sizes = parse_list(&value(&mut it)?)?,
-            "--samples" => o.mirror.samples = value(&mut it)?.parse()?,
-            "--noop-samples" => o.mirror.noop_samples = value(&mut it)?.parse()?,
-            "--e2e-samples" => o.e2e_samples = value(&mut it)?.parse()?,
-            "--concurrent" => o.mirror.concurrent = value(&mut it)?.parse()?,
-            "--webhook-seconds" => o.webhook.seconds = value(&mut it)?.parse()?,
-            "--webhook-rate" => o.webhook.rate = value(&mut it)?.parse()?,
-            "--connections" => o.webhook.connections = value(&mut it)?.parse()?,
-            "--webhook-log-level" => o.webhook.log_level = value(&mut it)?,
-            "--webhook-profile" => o.webhook.profile = Some(value(&mut it)?.parse()?),
-            "-h" | "--help" if bench => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            // Under `cargo test`: the test harness's own arguments.
-            "--list" if !bench => mode = TestMode::List,
-            "--ignored" | "--exact" if !bench => mode = TestMode::Skip,
-            "--test-threads" | "--color" | "--format" | "--logfile" | "--skip" | "-Z" if !bench => {
-                if inline.is_none() {
-                    it.next();
-                }
-            }
-            f if !bench && f.starts_with('-') => {}
-            f if !bench => filters.push(f.to_string()),
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
-    o.mirror.measured_after = o.sections.contains(&Section::E2e);
-    if !bench && !filters.is_empty() && !filters.iter().any(|f| "bench_smoke".contains(f.as_str()))
-    {
-        mode = TestMode::Skip;
-    }
-    Ok((o, mode))
-}
+pub use options::WebhookParams;
 
 fn main() -> ExitCode {
     openflux::runtime::allocator::purge_freed_memory_at_once();
@@ -296,25 +117,40 @@ fn main() -> ExitCode {
             .build()
             .expect("a tokio runtime");
         runtime.block_on(async {
-            let env = support::cluster().await;
+            // The local control plane, unless only the nodes cell is used.
+            let main_plane = cluster_sections.iter().any(|s| *s != Section::Pods);
+            let env = if main_plane {
+                Some(support::cluster().await)
+            } else {
+                None
+            };
             report::control_plane_versions(&mut report.versions);
-            if let Ok(v) = env.client.apiserver_version().await {
-                report
-                    .versions
-                    .insert("kube-apiserver".into(), v.git_version);
+            if let Some(env) = &env {
+                if let Ok(v) = env.client.apiserver_version().await {
+                    report
+                        .versions
+                        .insert("kube-apiserver".into(), v.git_version);
+                }
             }
             for section in cluster_sections {
-                let result = match section {
-                    Section::Mirror => mirror::run(&env, &options.mirror, &mut report).await,
-                    Section::Admission => {
-                        let (quick, in_flight) = (options.quick, options.webhook.connections);
-                        admission::run(&env, quick, in_flight, &mut report).await
+                let result = match (section, &env) {
+                    (Section::Pods, _) => {
+                        let concurrency = options.mirror.setup_concurrency;
+                        pods::run(&options.pod_sizes, concurrency, &mut report).await
                     }
-                    Section::E2e => {
-                        let wait = !options.quick;
-                        e2e::run(&env, options.e2e_samples, wait, &mut report).await
-                    }
-                    Section::Parse | Section::Webhook => Ok(()),
+                    (_, None) => unreachable!("the local control plane is up for {section:?}"),
+                    (_, Some(env)) => match section {
+                        Section::Mirror => mirror::run(env, &options.mirror, &mut report).await,
+                        Section::Admission => {
+                            let (quick, in_flight) = (options.quick, options.webhook.connections);
+                            admission::run(env, quick, in_flight, &mut report).await
+                        }
+                        Section::E2e => {
+                            let wait = !options.quick;
+                            e2e::run(env, options.e2e_samples, wait, &mut report).await
+                        }
+                        Section::Parse | Section::Webhook | Section::Pods => Ok(()),
+                    },
                 };
                 if let Err(e) = result {
                     eprintln!("{section:?} benchmark failed: {e:#}");

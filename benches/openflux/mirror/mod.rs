@@ -31,7 +31,7 @@ use crate::stats::ms;
 mod figures;
 mod relay;
 mod restart;
-mod setup;
+pub(crate) mod setup;
 
 use crate::support::Env;
 use figures::Measured;
