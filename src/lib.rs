@@ -12,6 +12,7 @@ pub mod context;
 pub mod export;
 pub mod index;
 pub mod locks;
+pub mod looks;
 pub mod mirror;
 pub mod names;
 pub mod policy;

@@ -72,6 +72,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("policy::candidates", Layer::Pure),
     ("telemetry", Layer::Shell),
     ("context", Layer::Shell),
+    ("looks", Layer::Shell),
     ("cluster::survey", Layer::Shell),
     ("cluster::gate", Layer::Shell),
     ("consumers::controller", Layer::Shell),

@@ -9,14 +9,11 @@ pub mod plan;
 use std::sync::Arc;
 
 use futures::channel::mpsc::{unbounded, UnboundedSender};
-use futures::StreamExt;
 use kube::api::{DeleteParams, Patch};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-use openflux_api::runtime::Retries;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -25,6 +22,7 @@ use crate::adopt::plan::{
 };
 use crate::cluster::facts::Facts;
 use crate::context::{apply_params, Context, Error};
+use crate::looks::{self, Looks};
 use crate::runtime::router::Change;
 use crate::runtime::watch::{keep_all, without_managed_fields, Scope, Watch};
 use crate::telemetry::SyncGuard;
@@ -56,7 +54,7 @@ pub async fn run(
     let resource = ApiResource::from_gvk_with_plural(&gvk, "artifacts");
     let writer = Writer::<DynamicObject>::new(resource.clone());
     let theirs = writer.as_reader();
-    let (look, mut looks) = unbounded::<Key>();
+    let (look, asked) = unbounded::<Key>();
     let watch = Watch {
         api: scope.dynamic_api(&ctx.client, &resource),
         config: scope.config(),
@@ -75,29 +73,19 @@ pub async fn run(
         move |change| observe(&sink_ctx, group, change, &sink_look),
         shutdown.clone(),
     )));
-    let mut retrying = JoinSet::new();
-    let retries = Retries::new(ctx.retry);
     tracing::info!(group, "adopting Open Flux Artifacts");
-    loop {
-        while retrying.try_join_next().is_some() {}
-        let next = tokio::select! {
-            next = looks.next() => next,
-            _ = shutdown.cancelled() => None,
-        };
-        let Some(key) = next else { break };
-        match reconcile(&ctx, group, &resource, &theirs, &key).await {
-            Ok(()) => retries.succeeded(&key),
-            Err(error) => {
-                let delay = retries.failed(key.clone());
-                tracing::warn!(group, namespace = %key.0, name = %key.1, %error, retry_in = ?delay, "cannot adopt an Open Flux Artifact; retrying");
-                let look = look.clone();
-                retrying.spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = look.unbounded_send(key);
-                });
-            }
-        }
-    }
+    let (resource, theirs, ctx) = (&resource, &theirs, &*ctx);
+    looks::serve(
+        Looks { asked, again: look },
+        ctx.retry,
+        shutdown,
+        Key::clone,
+        move |key| async move { reconcile(ctx, group, resource, theirs, &key).await },
+        |(namespace, name), error, delay| {
+            tracing::warn!(group, %namespace, %name, %error, retry_in = ?delay, "cannot adopt an Open Flux Artifact; retrying");
+        },
+    )
+    .await;
     let _ = (&mut watching).await;
 }
 

@@ -8,23 +8,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
-use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-use openflux_api::runtime::Retries;
 use serde_json::Value;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::gate;
 use crate::consumers::references::{ConsumerKey, Entry};
 use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::consumers::table::{Consumer, CONSUMERS};
-use crate::context::Context;
+use crate::context::{Context, Error};
 use crate::locks;
+use crate::looks::{self, Looks};
 use crate::runtime::router::Change;
 use crate::runtime::watch::{keep_all, Scope, Watch};
 use crate::telemetry::Readiness;
@@ -122,44 +120,32 @@ impl Consumers {
     }
 
     /// Re-points the consumers it is asked to look at until `shutdown`,
-    /// one at a time, off the leader's event loop. A failed patch is
-    /// retried per consumer with backoff; a consumer changed since it was
-    /// read (a 409 from the resourceVersion precondition) is decided again
-    /// on what it is now.
+    /// one at a time, off the leader's event loop. A failed patch (or a
+    /// look that panics) is retried per consumer with backoff; a consumer
+    /// changed since it was read (a 409 from the resourceVersion
+    /// precondition) is decided again on what it is now.
     pub async fn repoint_all(
         self,
         ctx: Arc<Context>,
-        mut looks: UnboundedReceiver<Look>,
+        asked: UnboundedReceiver<Look>,
         again: UnboundedSender<Look>,
         shutdown: CancellationToken,
     ) {
-        let retries = Retries::new(ctx.retry);
-        let mut retrying = JoinSet::new();
-        loop {
-            while retrying.try_join_next().is_some() {}
-            let next = tokio::select! {
-                next = looks.next() => next,
-                () = shutdown.cancelled() => None,
-            };
-            let Some(look) = next else { break };
-            let key = (look.0.kind, look.1.clone(), look.2.clone());
-            match self.look(&ctx, &look).await {
-                Ok(()) => retries.succeeded(&key),
-                Err(error) => {
-                    let delay = retries.failed(key);
-                    let (consumer, namespace, name) = &look;
-                    tracing::warn!(
-                        consumer = consumer.kind, %namespace, %name, %error, retry_in = ?delay,
-                        "cannot re-point a consumer; retrying"
-                    );
-                    let again = again.clone();
-                    retrying.spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let _ = again.unbounded_send(look);
-                    });
-                }
-            }
-        }
+        let (this, ctx) = (&self, &*ctx);
+        looks::serve(
+            Looks { asked, again },
+            ctx.retry,
+            shutdown,
+            |(consumer, namespace, name): &Look| (consumer.kind, namespace.clone(), name.clone()),
+            move |one| async move { this.look(ctx, &one).await.map_err(Error::from) },
+            |(consumer, namespace, name), error, delay| {
+                tracing::warn!(
+                    consumer = consumer.kind, %namespace, %name, %error, retry_in = ?delay,
+                    "cannot re-point a consumer; retrying"
+                );
+            },
+        )
+        .await;
     }
 
     /// Re-points one consumer if its target changed: patches its
