@@ -21,7 +21,7 @@ use crate::cluster::facts::Facts;
 use crate::consumers::references::References;
 use crate::index::OwnerIndex;
 use crate::locks;
-use openflux_api::runtime::{EventRecorder, ReconcileResult};
+use openflux_api::runtime::{panics, EventRecorder, ReconcileResult};
 
 use crate::telemetry::Metrics;
 
@@ -46,19 +46,7 @@ pub async fn caught<T>(reconcile: impl Future<Output = Result<T, Error>>) -> Res
     AssertUnwindSafe(reconcile)
         .catch_unwind()
         .await
-        .unwrap_or_else(|panic| Err(Error::panicked(&*panic)))
-}
-
-impl Error {
-    /// The error of a reconcile that panicked with `panic`.
-    fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".to_string());
-        Error::Panicked(message)
-    }
+        .unwrap_or_else(|panic| Err(Error::Panicked(panics::message(&*panic))))
 }
 
 /// How a reconcile ended, in the words of Flux's reconcile metrics: an

@@ -156,6 +156,7 @@ const API_LAYERS: &[(&str, Layer)] = &[
     ("policy", Layer::Api),
     ("runtime::id", Layer::Api),
     ("runtime::retry", Layer::Pure),
+    ("runtime::panics", Layer::Pure),
     ("producer::digest", Layer::Pure),
     ("producer::testutil", Layer::Pure),
     ("runtime::selector", Layer::Pure),

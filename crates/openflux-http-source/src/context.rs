@@ -32,6 +32,9 @@ pub enum Error {
     Publish(#[from] PublishError),
     #[error("HttpSource has no namespace or uid")]
     Incomplete,
+    /// A defect in this controller: the reconcile panicked.
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 /// Everything a reconcile needs.

@@ -7,10 +7,11 @@
 //! ownerReference to the HttpSource (`openflux_api::producer`). Logs,
 //! metrics and events follow Flux's conventions (`openflux_api::runtime`).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt as _, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -18,7 +19,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use openflux_api::producer::storage::Retention;
 use openflux_api::runtime::logging::reconcile_span;
-use openflux_api::runtime::{Health, ObjectLabels, ReconcileResult};
+use openflux_api::runtime::{panics, Health, ObjectLabels, ReconcileResult};
 use openflux_api::Artifact;
 use tracing::{debug, info, warn, Instrument};
 
@@ -50,7 +51,13 @@ pub async fn reconcile(hs: Arc<HttpSource>, ctx: Arc<Context>) -> Result<Action,
         } else {
             ctx.metrics.record_suspend(&object, hs.spec.suspend);
         }
-        let result = reconcile_source(&hs, &ctx).await;
+        // A panic (a defect) is a failed reconcile, retried with the
+        // backoff: kube's controller would carry it out of the stream that
+        // drives every reconcile and end this controller.
+        let result = AssertUnwindSafe(reconcile_source(&hs, &ctx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(Error::Panicked(panics::message(&*panic))));
         match &result {
             Ok(done) => {
                 ctx.retries.succeeded(&ObjectRef::from_obj(hs.as_ref()));

@@ -19,7 +19,8 @@
 //!   readiness depends on, and serving any of these routers;
 //! - [`id`]: the controller's identity in logs and metrics;
 //! - [`retry`]: `--min-retry-delay`, `--max-retry-delay` and the per-object
-//!   backoff of failed reconciles.
+//!   backoff of failed reconciles;
+//! - [`panics`]: the message of a reconcile's caught panic.
 
 pub mod events;
 pub mod flags;
@@ -28,6 +29,7 @@ pub mod id;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod panics;
 pub mod retry;
 pub mod selector;
 
