@@ -10,12 +10,14 @@
 //! own peak resident set. The baseline of each container figure is the
 //! container's limit, read from the same cgroup.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use openflux_api::runtime::panics;
 use serde_json::json;
 
 use crate::cluster;
@@ -107,17 +109,13 @@ async fn one_size(
     // them all, and the new leader reconciles every source.
     let before: Vec<String> = replicas.iter().map(|p| p.name.clone()).collect();
     restart(env).await?;
-    let replicas = support::wait_for(
-        "two new openflux Pods, none terminating",
-        ROLLOUT,
-        || async {
-            let live = settled(env).await.ok()?;
-            live.iter()
-                .all(|p| !before.contains(&p.name))
-                .then_some(live)
-        },
-    )
-    .await;
+    let replicas = within("two new openflux Pods", ROLLOUT, || async {
+        let live = two_live(env).await?;
+        live.iter()
+            .all(|p| !before.contains(&p.name))
+            .then_some(live)
+    })
+    .await?;
     let (new_leader, new_cgroups) = leader_and_cgroups(env, &replicas).await?;
     let leader_ip = replicas
         .iter()
@@ -128,7 +126,7 @@ async fn one_size(
     // Every GitRepository of the cluster, the benchmark's N among them.
     let all: Api<DynamicObject> = Api::all_with(env.client.clone(), &cluster::git_repositories());
     let sources = all.list_metadata(&ListParams::default()).await?.items.len();
-    support::wait_for(
+    within(
         &format!("the new leader {new_leader} to reconcile the cluster's {sources} sources"),
         bound,
         || async {
@@ -136,7 +134,7 @@ async fn one_size(
             (status == 200 && process::mirror_reconciles(&body) >= sources as f64).then_some(())
         },
     )
-    .await;
+    .await?;
     let restarted = Memory::read(&new_cgroups, &new_leader);
     unchanged(env, &replicas, "the restart").await?;
 
@@ -251,29 +249,47 @@ struct Container {
     cgroup: MemoryCgroup,
 }
 
-/// openflux's Deployment Available and exactly its two replicas' Pods
-/// live, none of an earlier rollout still terminating.
+/// openflux's Deployment Available with its two replicas' Pods live.
 async fn settled(env: &Env) -> anyhow::Result<Vec<OpenfluxPod>> {
+    within(
+        "openflux's Deployment Available with two Pods",
+        ROLLOUT,
+        || two_live(env),
+    )
+    .await
+}
+
+/// openflux's two live Pods, if its Deployment is Available and has two.
+async fn two_live(env: &Env) -> Option<Vec<OpenfluxPod>> {
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), SYSTEM);
-    let found = tokio::time::timeout(ROLLOUT, async {
-        loop {
-            let available = deployments.get("openflux").await.ok().is_some_and(|d| {
-                d.status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Available" && c.status == "True")
-            });
-            let pods = openflux_pods(env).await;
-            if available && pods.len() == 2 {
-                return pods;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    let deployment = deployments.get("openflux").await.ok()?;
+    let available = deployment
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Available" && c.status == "True");
+    let pods = openflux_pods(env).await;
+    (available && pods.len() == 2).then_some(pods)
+}
+
+/// Polls `check` every half second until it gives a value, for at most
+/// `bound`.
+async fn within<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    bound: Duration,
+    mut check: impl FnMut() -> F,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(found) = check().await {
+            return Ok(found);
         }
-    })
-    .await;
-    found
-        .map_err(|_| anyhow!("openflux's Deployment not Available with two Pods after {ROLLOUT:?}"))
+        if Instant::now() >= deadline {
+            bail!("waited {bound:?} for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The leader's Pod name and the containers of `replicas`, each with the
@@ -282,18 +298,12 @@ async fn leader_and_cgroups(
     env: &Env,
     replicas: &[OpenfluxPod],
 ) -> anyhow::Result<(String, Vec<Container>)> {
-    let leader = tokio::time::timeout(ROLLOUT, async {
-        loop {
-            if let Some(leader) = leader_pod(env).await {
-                if replicas.iter().any(|p| p.name == leader) {
-                    return leader;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+    let leader = within(&format!("a leader among {replicas:?}"), ROLLOUT, || async {
+        leader_pod(env)
+            .await
+            .filter(|leader| replicas.iter().any(|p| p.name == *leader))
     })
-    .await
-    .map_err(|_| anyhow!("no leader among {replicas:?} after {ROLLOUT:?}"))?;
+    .await?;
     let containers: Vec<Container> = MemoryCgroup::of_containers("openflux")
         .into_iter()
         .filter_map(|cgroup| {
@@ -354,12 +364,6 @@ async fn restart(env: &Env) -> anyhow::Result<()> {
 /// Runs `f`, which panics on failure (the test kit's installers do), on
 /// this worker thread, and turns its panic into an error.
 fn blocking(what: &str, f: impl FnOnce()) -> anyhow::Result<()> {
-    tokio::task::block_in_place(|| std::panic::catch_unwind(AssertUnwindSafe(f))).map_err(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        anyhow!("{what}: {message}")
-    })
+    tokio::task::block_in_place(|| std::panic::catch_unwind(AssertUnwindSafe(f)))
+        .map_err(|panic| anyhow!("{what}: {}", panics::message(&*panic)))
 }
