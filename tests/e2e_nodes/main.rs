@@ -46,6 +46,9 @@ const FLUX_DEPLOYMENTS: [&str; 4] = [
 /// Images, pulls and rollouts on two small nodes take longer than the
 /// usual bound.
 const ROLLOUT: Duration = Duration::from_secs(300);
+/// How long a node's kube-proxy may take to route a Service to new
+/// endpoints.
+const ROUTED: Duration = Duration::from_secs(60);
 
 /// Whether this process installed openflux as the README says and nothing
 /// replaced that installation since (the tests installing it otherwise
@@ -288,29 +291,42 @@ async fn the_webhook_answers_through_its_service_cluster_ip() {
     .to_string();
     let host = "openflux-webhook.openflux-system.svc";
     for (node, _) in support::nodes::node_netns(&env) {
-        let out = support::nodes::in_node(
-            &env,
-            &node,
-            "curl",
-            &[
-                "-sS",
-                "--max-time",
-                "10",
-                "--cacert",
-                ca_path.to_str().expect("a UTF-8 path"),
-                "--resolve",
-                &format!("{host}:443:{ip}"),
-                "-H",
-                "Content-Type: application/json",
-                "--data-binary",
-                &review,
-                &format!("https://{host}/mutate"),
-            ],
-        );
+        let post = || {
+            support::nodes::in_node(
+                &env,
+                &node,
+                "curl",
+                &[
+                    "-sS",
+                    "--max-time",
+                    "10",
+                    "--cacert",
+                    ca_path.to_str().expect("a UTF-8 path"),
+                    "--resolve",
+                    &format!("{host}:443:{ip}"),
+                    "-H",
+                    "Content-Type: application/json",
+                    "--data-binary",
+                    &review,
+                    &format!("https://{host}/mutate"),
+                ],
+            )
+        };
+        // The Deployment is Available before each node's kube-proxy has
+        // written the Service's rules for its new endpoints: until then a
+        // connection to the ClusterIP is refused. Retried, bounded.
+        let deadline = std::time::Instant::now() + ROUTED;
+        let out = loop {
+            let out = post();
+            if out.status.success() || std::time::Instant::now() >= deadline {
+                break out;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         let body = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "POST https://{host}/mutate at the ClusterIP {ip} from {node} (through kube-proxy): {}{}",
+            "POST https://{host}/mutate at the ClusterIP {ip} from {node} (through kube-proxy), for {ROUTED:?}: {}{}",
             body,
             String::from_utf8_lossy(&out.stderr)
         );
