@@ -262,13 +262,7 @@ async fn settled(env: &Env) -> anyhow::Result<Vec<OpenfluxPod>> {
 /// openflux's two live Pods, if its Deployment is Available and has two.
 async fn two_live(env: &Env) -> Option<Vec<OpenfluxPod>> {
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), SYSTEM);
-    let deployment = deployments.get("openflux").await.ok()?;
-    let available = deployment
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Available" && c.status == "True");
+    let available = support::is_available(&deployments.get("openflux").await.ok()?);
     let pods = openflux_pods(env).await;
     (available && pods.len() == 2).then_some(pods)
 }

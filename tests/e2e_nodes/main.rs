@@ -85,13 +85,7 @@ async fn all_available(env: &Env, ns: &str, names: &[&str]) {
             async move {
                 for name in names {
                     let d = api.get_opt(name).await.ok().flatten()?;
-                    let available = d
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Available" && c.status == "True");
-                    if !available {
+                    if !support::is_available(&d) {
                         return None;
                     }
                 }

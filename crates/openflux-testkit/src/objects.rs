@@ -138,6 +138,18 @@ pub fn is_ready(obj: &DynamicObject) -> bool {
     current && ready_condition(obj).is_some_and(|(status, _, _)| status == "True")
 }
 
+/// True when the Deployment's `Available` condition is `True`.
+pub fn is_available(deployment: &k8s_openapi::api::apps::v1::Deployment) -> bool {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Available" && c.status == "True")
+        })
+}
+
 /// A JSON pointer lookup in an object's body (`"/status/artifact/revision"`).
 pub fn field<'a>(obj: &'a DynamicObject, pointer: &str) -> Option<&'a serde_json::Value> {
     obj.data.pointer(pointer)
