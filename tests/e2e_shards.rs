@@ -350,6 +350,13 @@ async fn each_source_belongs_to_one_shard_and_every_webhook_answers_for_all() {
         ("gitrepository-git-one", Some("shard1")),
         ("gitrepository-git-main", None),
     ]) {
+        // A reconcile is counted when it returns, just after its write is
+        // visible: wait for the owner's count before reading both.
+        let owner = if shard.is_some() { &one } else { &main };
+        wait_for("the owning shard's reconcile counted", TIMEOUT, || async {
+            (reconciles(owner, &n, name).await > 0.0).then_some(())
+        })
+        .await;
         let (by_one, by_main) = (
             reconciles(&one, &n, name).await,
             reconciles(&main, &n, name).await,

@@ -212,7 +212,7 @@ pub fn stored(
     }
 }
 
-/// Bytes written into a hasher./// Bytes written into a hasher.
+/// Bytes written into a hasher.
 struct HashWriter<'a>(&'a mut DefaultHasher);
 
 impl std::io::Write for HashWriter<'_> {
