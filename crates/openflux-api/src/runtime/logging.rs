@@ -23,9 +23,9 @@
 //! no warning level and logs failures as errors), and `--log-level=error`
 //! shows them.
 
+use std::borrow::Cow;
 use std::io::Write as _;
 
-use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Span, Subscriber};
@@ -114,41 +114,68 @@ impl<W> FluxLog<W> {
     }
 }
 
-/// The keys a span recorded, in order.
+/// The keys a span recorded, in order, each value already written as JSON:
+/// a line copies them as they are.
 #[derive(Default)]
-struct Fields(Vec<(String, Value)>);
+struct Fields(Vec<(Cow<'static, str>, String)>);
 
 impl Fields {
-    fn put(&mut self, key: &str, value: Value) {
+    fn put(&mut self, key: &'static str, value: String) {
         match self.0.iter_mut().find(|(k, _)| k == key) {
             Some((_, old)) => *old = value,
-            None => self.0.push((key.to_string(), value)),
+            None => self.0.push((Cow::Borrowed(key), value)),
         }
     }
 
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Adds `<Kind>: {"name", "namespace"}` after `controllerKind`, as
     /// controller-runtime logs the reconciled object.
     fn add_object_key(&mut self) {
-        let (Some(Value::String(kind)), Some(name), Some(namespace)) = (
+        let (Some(kind), Some(name), Some(namespace)) = (
             self.get("controllerKind"),
             self.get("name"),
             self.get("namespace"),
         ) else {
             return;
         };
-        let object = serde_json::json!({"name": name, "namespace": namespace});
-        let kind = kind.clone();
+        let Ok(kind) = serde_json::from_str::<String>(kind) else {
+            return;
+        };
+        let object = format!("{{\"name\":{name},\"namespace\":{namespace}}}");
         let at = self
             .0
             .iter()
             .position(|(k, _)| k == "controllerKind")
             .map_or(self.0.len(), |i| i + 1);
-        self.0.insert(at, (kind, object));
+        self.0.insert(at, (Cow::Owned(kind), object));
     }
+
+    /// Writes the keys as `"key":value` pairs, each after a comma.
+    fn write_to(&self, out: &mut Vec<u8>) {
+        for (key, value) in &self.0 {
+            out.push(b',');
+            json_string(out, key);
+            out.push(b':');
+            out.extend_from_slice(value.as_bytes());
+        }
+    }
+}
+
+/// `value` as a JSON string, into `out`.
+fn json_string(out: &mut Vec<u8>, value: &str) {
+    // Writing a string into memory cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// `value` as JSON text.
+fn json<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
 }
 
 /// Collects the fields of a span or event; an event's `message` is its msg.
@@ -158,40 +185,45 @@ struct Collect<'a> {
 }
 
 impl Collect<'_> {
-    fn put(&mut self, field: &Field, value: Value) {
+    /// A value already written as JSON (a message that is not text, as
+    /// its JSON).
+    fn put(&mut self, field: &Field, value: String) {
         match (&mut self.message, field.name()) {
-            (Some(message), "message") => {
-                **message = match value {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                }
-            }
+            (Some(message), "message") => **message = value,
             _ => self.fields.put(field.name(), value),
+        }
+    }
+
+    /// A text value: the message as it is, any other field as JSON.
+    fn put_text(&mut self, field: &Field, value: &str) {
+        match (&mut self.message, field.name()) {
+            (Some(message), "message") => value.clone_into(*message),
+            _ => self.put(field, json(value)),
         }
     }
 }
 
 impl Visit for Collect<'_> {
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.put(field, Value::from(value));
+        self.put(field, json(&value));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.put(field, Value::from(value));
+        self.put(field, value.to_string());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.put(field, Value::from(value));
+        self.put(field, value.to_string());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.put(field, Value::from(value));
+        self.put(field, value.to_string());
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, Value::from(value));
+        self.put_text(field, value);
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.put(field, Value::from(value.to_string()));
+        self.put_text(field, &value.to_string());
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.put(field, Value::from(format!("{value:?}")));
+        self.put_text(field, &format!("{value:?}"));
     }
 }
 
@@ -230,15 +262,16 @@ where
             fields: &mut own,
             message: Some(&mut message),
         });
-        let mut keys: Vec<(String, Value)> = Vec::new();
+        // The keys of the enclosing spans, outermost first, then the event's.
+        let mut keys = Vec::with_capacity(256);
         if let Some(scope) = ctx.event_scope(event) {
             for span in scope.from_root() {
                 if let Some(fields) = span.extensions().get::<Fields>() {
-                    keys.extend(fields.0.iter().cloned());
+                    fields.write_to(&mut keys);
                 }
             }
         }
-        keys.extend(own.0);
+        own.write_to(&mut keys);
         let line = format_line(
             self.encoding,
             *event.metadata().level(),
@@ -247,7 +280,7 @@ where
             &keys,
         );
         // A log line that cannot be written has nowhere else to go.
-        let _ = self.writer.make_writer().write_all(line.as_bytes());
+        let _ = self.writer.make_writer().write_all(&line);
     }
 }
 
@@ -268,48 +301,39 @@ fn timestamp() -> String {
         .unwrap_or_else(|_| now.to_string())
 }
 
-/// One log line, newline included.
+/// One log line, newline included. `keys` holds the line's keys as
+/// `"key":value` pairs, each after a comma.
 fn format_line(
     encoding: LogEncoding,
     level: Level,
     ts: &str,
     message: &str,
-    keys: &[(String, Value)],
-) -> String {
-    let json = |v: &str| Value::from(v).to_string();
+    keys: &[u8],
+) -> Vec<u8> {
+    let mut line = Vec::with_capacity(64 + message.len() + keys.len());
     match encoding {
         LogEncoding::Json => {
-            let mut line = format!(
-                "{{\"level\":\"{}\",\"ts\":{},\"msg\":{}",
-                level_name(level),
-                json(ts),
-                json(message)
-            );
-            for (key, value) in keys {
-                line.push(',');
-                line.push_str(&json(key));
-                line.push(':');
-                line.push_str(&value.to_string());
-            }
-            line.push_str("}\n");
-            line
+            line.extend_from_slice(b"{\"level\":\"");
+            line.extend_from_slice(level_name(level).as_bytes());
+            line.extend_from_slice(b"\",\"ts\":");
+            json_string(&mut line, ts);
+            line.extend_from_slice(b",\"msg\":");
+            json_string(&mut line, message);
+            line.extend_from_slice(keys);
+            line.extend_from_slice(b"}\n");
         }
         LogEncoding::Console => {
-            let mut line = format!(
-                "{ts}\t{}\t{message}",
-                level_name(level).to_ascii_uppercase()
-            );
-            if !keys.is_empty() {
-                let object: Vec<String> = keys
-                    .iter()
-                    .map(|(k, v)| format!("{}:{v}", json(k)))
-                    .collect();
-                line.push_str(&format!("\t{{{}}}", object.join(",")));
+            let level = level_name(level).to_ascii_uppercase();
+            line.extend_from_slice(format!("{ts}\t{level}\t{message}").as_bytes());
+            if let Some(pairs) = keys.strip_prefix(b",") {
+                line.extend_from_slice(b"\t{");
+                line.extend_from_slice(pairs);
+                line.push(b'}');
             }
-            line.push('\n');
-            line
+            line.push(b'\n');
         }
     }
+    line
 }
 
 #[cfg(test)]

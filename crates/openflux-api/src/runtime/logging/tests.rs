@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::Value;
 use std::sync::{Arc, Mutex};
 
 /// A writer into memory.
@@ -201,4 +202,61 @@ fn the_filter_follows_fluxs_levels() {
     assert!(!enabled(LogLevel::Info, sni, Level::WARN));
     assert!(enabled(LogLevel::Info, sni, Level::ERROR));
     assert!(enabled(LogLevel::Debug, sni, Level::WARN));
+}
+
+/// `line` with its timestamp replaced by `TS`.
+fn without_ts(line: &str) -> String {
+    let ts = "2025-06-01T10:00:00.123Z".len();
+    match line.find("\"ts\":\"") {
+        Some(at) => format!("{}TS{}", &line[..at + 6], &line[at + 6 + ts..]),
+        None => format!("TS{}", &line[ts..]),
+    }
+}
+
+#[test]
+fn a_line_is_written_exactly() {
+    let lines = logged(LogEncoding::Json, LogLevel::Info, || {
+        let span = reconcile_span(&controller(), "apps", "podinfo");
+        let _entered = span.enter();
+        let inner = tracing::info_span!("write", attempt = 1u64, later = tracing::field::Empty);
+        inner.record("later", true);
+        inner.record("attempt", 2u64);
+        let _inner = inner.enter();
+        tracing::info!(ratio = 0.5, delta = -3, path = ?"a/b", "stored {} files", 3);
+        tracing::info!(message = 7, "ok" = false);
+    });
+    let id = serde_json::from_str::<Value>(&lines[0]).unwrap()["reconcileID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let keys = format!(
+        "\"controller\":\"httpsource\",\"controllerGroup\":\"sources.openflux.dev\",\
+         \"controllerKind\":\"HttpSource\",\"HttpSource\":{{\"name\":\"podinfo\",\"namespace\":\"apps\"}},\
+         \"namespace\":\"apps\",\"name\":\"podinfo\",\"reconcileID\":\"{id}\",\"attempt\":2,\"later\":true"
+    );
+    assert_eq!(
+        lines.iter().map(|l| without_ts(l)).collect::<Vec<_>>(),
+        [
+            format!(
+                "{{\"level\":\"info\",\"ts\":\"TS\",\"msg\":\"stored 3 files\",{keys},\
+                 \"ratio\":0.5,\"delta\":-3,\"path\":\"\\\"a/b\\\"\"}}"
+            ),
+            format!("{{\"level\":\"info\",\"ts\":\"TS\",\"msg\":\"7\",{keys},\"ok\":false}}"),
+        ]
+    );
+
+    let console = logged(LogEncoding::Console, LogLevel::Info, || {
+        let span = reconcile_span(&controller(), "apps", "podinfo");
+        let _entered = span.enter();
+        tracing::warn!(error = "refused", "fetch failed");
+    });
+    let id = console[0].split("\"reconcileID\":\"").nth(1).unwrap()[..id.len()].to_string();
+    assert_eq!(
+        without_ts(&console[0]),
+        format!(
+            "TS\tERROR\tfetch failed\t{{\"controller\":\"httpsource\",\"controllerGroup\":\"sources.openflux.dev\",\
+             \"controllerKind\":\"HttpSource\",\"HttpSource\":{{\"name\":\"podinfo\",\"namespace\":\"apps\"}},\
+             \"namespace\":\"apps\",\"name\":\"podinfo\",\"reconcileID\":\"{id}\",\"error\":\"refused\"}}"
+        )
+    );
 }
