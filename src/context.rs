@@ -172,6 +172,17 @@ impl WriteMemo {
         written.insert(key, (resource_version_before, hash));
     }
 
+    /// Whether `hash` is what was written last for `key`: then the cache
+    /// has caught up with that write, which is forgotten.
+    pub fn settle(&self, key: &str, hash: u64) -> bool {
+        let mut written = locks::lock(&self.written);
+        let settled = written.get(key).is_some_and(|(_, h)| *h == hash);
+        if settled {
+            written.remove(key);
+        }
+        settled
+    }
+
     pub fn len(&self) -> usize {
         locks::lock(&self.written).len()
     }
@@ -247,5 +258,16 @@ mod tests {
             assert!(memo.len() <= MEMO_LIMIT);
         }
         assert!(memo.already_written(&format!("k{}", MEMO_LIMIT + 9), None, 1));
+    }
+
+    #[test]
+    fn a_write_seen_by_the_watch_is_settled_once() {
+        let memo = WriteMemo::default();
+        memo.record("k".into(), Some("1".into()), 7);
+        assert!(!memo.settle("k", 8), "another content is not the write");
+        assert!(!memo.settle("other", 7));
+        assert!(memo.settle("k", 7));
+        assert!(memo.is_empty(), "settled writes are forgotten");
+        assert!(!memo.settle("k", 7));
     }
 }

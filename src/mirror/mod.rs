@@ -37,6 +37,7 @@ pub use store::Sources;
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
 use crate::locks;
+use crate::runtime::router::Echo;
 use crate::telemetry::KindLabels;
 
 /// Why openflux cannot tell whether a source kind is served.
@@ -215,8 +216,23 @@ async fn remove(ctx: &Context, source: &Source, name: &str) -> Result<(), Error>
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
-    ctx.memo.forget(&format!("artifact/{namespace}/{name}"));
+    ctx.memo.forget(&memo_key(namespace, name));
     Ok(())
+}
+
+/// The write memo's key for the mirrored Artifact `name` in `namespace`.
+fn memo_key(namespace: &str, name: &str) -> String {
+    format!("artifact/{namespace}/{name}")
+}
+
+/// Whether the Artifact `echo` in `namespace`, as a watch saw it change, is
+/// what the mirror last wrote there: the echo of that write, which needs no
+/// reconcile (a change of its source wakes the mirror on its own). The
+/// memo then forgets that write, as the reconcile that finds it up to date
+/// would.
+pub fn is_echo(ctx: &Context, namespace: &str, echo: &Echo) -> bool {
+    ctx.memo
+        .settle(&memo_key(namespace, &echo.artifact), echo.fingerprint)
 }
 
 /// What the owner index knows of the Artifact `name` in `namespace`,
@@ -260,7 +276,7 @@ async fn write(
 ) -> Result<Requeue, Error> {
     let name = desired.name_any();
     let namespace = &*source.namespace;
-    let key = format!("artifact/{namespace}/{name}");
+    let key = memo_key(namespace, &name);
     let taken_key = format!("taken/{namespace}/{name}");
     let wanted = fingerprint(desired);
     // The resource version to remember the write against.

@@ -86,7 +86,19 @@ pub enum Wake {
         source: &'static str,
         namespace: Text,
         name: Text,
+        /// The mirrored Artifact whose change woke it, as it is now: when
+        /// that is what the mirror last wrote there, the change is the
+        /// echo of that write and there is nothing to do.
+        echo: Option<Echo>,
     },
+}
+
+/// A mirrored Artifact as a watch saw it change.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Echo {
+    pub artifact: Text,
+    /// [`crate::mirror::plan::fingerprint`] of the Artifact seen.
+    pub fingerprint: u64,
 }
 
 /// What an event implies.
@@ -133,14 +145,14 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
     match change {
         Change::Applied(artifact) => match IndexedArtifact::from_artifact(artifact) {
             Some(entry) => Routed {
-                wake: artifact_wakes(&entry, false, index),
+                wake: artifact_wakes(&entry, Seen::Applied, index),
                 index: Some(IndexChange::Apply(entry)),
             },
             None => Routed::default(),
         },
         Change::Deleted(artifact) => match IndexedArtifact::from_artifact(artifact) {
             Some(entry) => Routed {
-                wake: artifact_wakes(&entry, true, index)
+                wake: artifact_wakes(&entry, Seen::Deleted, index)
                     .into_iter()
                     .chain(freed_mirror_name(&entry))
                     .collect(),
@@ -174,7 +186,7 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
                 .iter()
                 .chain(index.listed())
                 .filter(|entry| !(first && mirror_of(entry).is_some()))
-                .flat_map(|entry| artifact_wakes(entry, false, &empty))
+                .flat_map(|entry| artifact_wakes(entry, Seen::Listed, &empty))
                 .collect();
             Routed {
                 index: Some(IndexChange::Reset(entries)),
@@ -184,20 +196,36 @@ fn route_artifact(change: &Change<'_, Artifact>, index: &OwnerIndex) -> Routed {
     }
 }
 
+/// How a watch saw an Artifact.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Applied,
+    Deleted,
+    Listed,
+}
+
 /// Whom a change of the Artifact `entry` concerns. Its siblings are the same
 /// in the index before and after the change, which touches `entry` alone.
 /// A deleted Artifact wakes its own export reconcile too, which finds it
 /// gone and removes its series at once, whether it was exported or not.
-fn artifact_wakes(entry: &IndexedArtifact, deleted: bool, index: &OwnerIndex) -> BTreeSet<Wake> {
+fn artifact_wakes(entry: &IndexedArtifact, seen: Seen, index: &OwnerIndex) -> BTreeSet<Wake> {
     let mut wake = BTreeSet::new();
-    if deleted {
+    if seen == Seen::Deleted {
         wake.insert(Wake::Export(entry.key.clone()));
     }
     if let Some((stock, source)) = mirror_of(entry) {
+        let echo = match (seen, &entry.mirrored) {
+            (Seen::Applied, Some(mirrored)) => Some(Echo {
+                artifact: entry.key.name.clone(),
+                fingerprint: mirrored.fingerprint,
+            }),
+            _ => None,
+        };
         wake.insert(Wake::Mirror {
             source: stock.kind,
             namespace: source.namespace.clone(),
             name: source.name.clone(),
+            echo,
         });
         return wake;
     }
@@ -234,6 +262,7 @@ fn freed_mirror_name(entry: &IndexedArtifact) -> Option<Wake> {
         source: stock.kind,
         namespace: entry.key.namespace.clone(),
         name: name.into(),
+        echo: None,
     })
 }
 
@@ -243,6 +272,7 @@ fn mirror_wake(stock: &'static StockSource, source: &Source) -> Option<Wake> {
         source: stock.kind,
         namespace: source.namespace.clone(),
         name: source.name.clone(),
+        echo: None,
     })
 }
 

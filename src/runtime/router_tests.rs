@@ -108,7 +108,11 @@ fn describe(routed: &Routed) -> (String, Vec<String>) {
                 source,
                 namespace,
                 name,
-            } => format!("mirror {source} {namespace}/{name}"),
+                echo,
+            } => {
+                let echo = if echo.is_some() { " (echo?)" } else { "" };
+                format!("mirror {source} {namespace}/{name}{echo}")
+            }
             Wake::Release {
                 kind,
                 namespace,
@@ -206,9 +210,9 @@ fn routes_every_kind_of_event() {
         ("an Artifact under a mirror's name deleted", Event::Artifact(Deleted(&blocking)), "delete apps/gitrepository-blocked", "export apps/gitrepository-blocked, mirror GitRepository apps/blocked"),
         ("a stock kind's name in another API group is a custom source", Event::Artifact(Applied(&lookalike)), "apply apps/gitrepository-x", "export apps/gitrepository-x"),
         // Artifacts of stock sources: the mirror that keeps them.
-        ("mirrored Artifact changed (by someone else)", Event::Artifact(Applied(&git)), "apply apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo"),
+        ("mirrored Artifact changed: by someone else, or the echo of the mirror's write", Event::Artifact(Applied(&git)), "apply apps/gitrepository-podinfo", "mirror GitRepository apps/podinfo (echo?)"),
         ("mirrored Artifact deleted: the mirror writes it again", Event::Artifact(Deleted(&git)), "delete apps/gitrepository-podinfo", "export apps/gitrepository-podinfo, mirror GitRepository apps/podinfo"),
-        ("Artifact of a foreign ExternalArtifact", Event::Artifact(Applied(&ea_owned)), "apply apps/externalartifact-foreign", "mirror ExternalArtifact apps/foreign"),
+        ("Artifact of a foreign ExternalArtifact", Event::Artifact(Applied(&ea_owned)), "apply apps/externalartifact-foreign", "mirror ExternalArtifact apps/foreign (echo?)"),
         ("an Artifact without namespace is not indexed", Event::Artifact(Applied(&no_namespace)), "-", ""),
         // The Artifact watch (re)started: the index is replaced.
         ("relist after a restart", Event::Artifact(Relisted(&listed)), "reset apps/web-latest,apps/m1,apps/gitrepository-podinfo,apps/loose", "export apps/loose, export apps/m1, export apps/web-latest, mirror GitRepository apps/podinfo"),
@@ -362,4 +366,37 @@ fn the_first_list_wakes_no_mirror_and_a_later_one_does() {
         ],
         "a relist while running: a mirrored Artifact may have changed unseen"
     );
+}
+
+#[test]
+fn only_a_change_of_a_mirrored_artifact_may_be_an_echo() {
+    let mirrored = artifact(
+        "gitrepository-podinfo",
+        Some((FLUX, "GitRepository", "podinfo")),
+    );
+    let echo = |event: Event<'_>| -> Vec<Option<Echo>> {
+        route(&event, &index())
+            .wake
+            .into_iter()
+            .filter_map(|w| match w {
+                Wake::Mirror { echo, .. } => Some(echo),
+                _ => None,
+            })
+            .collect()
+    };
+    let seen = Echo {
+        artifact: "gitrepository-podinfo".into(),
+        fingerprint: crate::mirror::fingerprint(&mirrored),
+    };
+    assert_eq!(
+        echo(Event::Artifact(Change::Applied(&mirrored))),
+        [Some(seen)]
+    );
+    // Gone, or listed again: the mirror must look.
+    assert_eq!(echo(Event::Artifact(Change::Deleted(&mirrored))), [None]);
+    let listed = [Arc::new(mirrored.clone())];
+    assert_eq!(echo(Event::Artifact(Change::Relisted(&listed))), [None]);
+    // A change of the source itself is never an echo.
+    let git = source("GitRepository", "podinfo", false);
+    assert_eq!(echo(Event::Source(GIT, Change::Applied(&git))), [None]);
 }

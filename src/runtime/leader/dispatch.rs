@@ -9,6 +9,7 @@ use kube::ResourceExt;
 use super::Controllers;
 use crate::consumers::repoint::ObjectKey;
 use crate::export::release;
+use crate::mirror;
 use crate::runtime::router::Wake;
 
 impl Controllers {
@@ -75,7 +76,14 @@ impl Controllers {
                     source,
                     namespace,
                     name,
+                    echo,
                 } => {
+                    if echo
+                        .as_ref()
+                        .is_some_and(|echo| mirror::is_echo(&self.ctx, namespace, echo))
+                    {
+                        continue;
+                    }
                     if let Some(mirror) = self.mirrors.get(source) {
                         // A source the store does not hold has nothing to
                         // mirror; its watch wakes it when it comes.
