@@ -70,6 +70,17 @@ async fn mirrored_at(env: &Env, ns: &str, sha: &str) -> (DynamicObject, DynamicO
     (artifact, source)
 }
 
+/// The mirror's GitRepository writes, once at least `least` are counted: a
+/// write is counted when it returns, just after the watch can show it.
+async fn git_writes(of: &Openflux, least: f64) -> f64 {
+    wait_for("the mirror's writes counted", TIMEOUT, || async {
+        of.metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
+            .await
+            .filter(|writes| *writes >= least)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_repository_is_mirrored_updated_and_collected() {
     let env = cluster().await;
@@ -107,15 +118,34 @@ async fn git_repository_is_mirrored_updated_and_collected() {
     // One write made it: the spec, and no status (a mirrored Artifact is a
     // copy of its source's artifact, the source's Ready says the rest).
     assert_eq!(
-        of.metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
-            .await,
-        Some(1.0),
+        git_writes(&of, 1.0).await,
+        1.0,
         "a new mirrored Artifact costs one write"
     );
     assert!(
         artifact.data.get("status").is_none(),
         "a mirrored Artifact has no status: {:?}",
         artifact.data.get("status")
+    );
+
+    // Someone else edits the mirrored Artifact: the mirror puts it back,
+    // with one write. (Its own write's echo, seen before, woke nothing.)
+    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
+        .await
+        .expect("the Artifact API");
+    artifacts
+        .patch(
+            "gitrepository-app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"revision": "main@sha1:edited"}})),
+        )
+        .await
+        .expect("editing the mirrored Artifact");
+    mirrored_at(&env, &n, &first).await;
+    assert_eq!(
+        git_writes(&of, 2.0).await,
+        2.0,
+        "an edited mirrored Artifact is put back with one write"
     );
 
     // A new commit: the Artifact follows, with exactly one more write.
@@ -135,13 +165,10 @@ async fn git_repository_is_mirrored_updated_and_collected() {
         "a mirrored Artifact never gets a status: {:?}",
         updated.data.get("status")
     );
-    let writes = of
-        .metric("openflux_mirrored_writes_total{kind=\"GitRepository\"}")
-        .await;
     assert_eq!(
-        writes,
-        Some(2.0),
-        "one write to create, one for the new revision"
+        git_writes(&of, 3.0).await,
+        3.0,
+        "one write to create, one to put it back, one for the new revision"
     );
 
     // Deleting the source removes its Artifact through garbage collection.
