@@ -8,7 +8,9 @@
 //! rules:
 //!
 //! - An Artifact owned by a stock source wakes the mirror of that source (it
-//!   keeps that Artifact), whether the Artifact changed or went away.
+//!   keeps that Artifact), whether the Artifact changed or went away. A
+//!   change carries the Artifact's fingerprint, so that the mirror's own
+//!   write coming back through the watch can be told apart and dropped.
 //! - Any other Artifact wakes the export controller for itself, unless it
 //!   went away (its exported object is owned by it and collected with it),
 //!   and for its siblings, the other Artifacts of the same owner: how many
