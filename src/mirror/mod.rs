@@ -298,10 +298,17 @@ async fn write(
             return Ok(Some(TAKEN_RETRY));
         }
     };
-    ctx.artifact_api(namespace)
+    // Remembered before it is sent: the write's echo may come through the
+    // watch before its answer does, and is only told apart by the memo.
+    ctx.memo.record(key.clone(), remember, wanted);
+    let written = ctx
+        .artifact_api(namespace)
         .patch(&name, &apply_params(), &Patch::Apply(desired))
-        .await?;
-    ctx.memo.record(key, remember, wanted);
+        .await;
+    if let Err(error) = written {
+        ctx.memo.forget(&key);
+        return Err(error.into());
+    }
     ctx.memo.forget(&taken_key);
     let kind = stock.kind.to_string();
     ctx.metrics
