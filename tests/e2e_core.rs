@@ -130,17 +130,17 @@ async fn git_repository_is_mirrored_updated_and_collected() {
 
     // Someone else edits the mirrored Artifact: the mirror puts it back,
     // with one write. (Its own write's echo, seen before, woke nothing.)
-    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
-        .await
-        .expect("the Artifact API");
-    artifacts
-        .patch(
-            "gitrepository-app",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"revision": "main@sha1:edited"}})),
-        )
-        .await
-        .expect("editing the mirrored Artifact");
+    let edit = json!({"spec": {"revision": "main@sha1:edited"}});
+    support::merge_patch(
+        &env.client,
+        ARTIFACT,
+        "Artifact",
+        &n,
+        "gitrepository-app",
+        &edit,
+    )
+    .await
+    .expect("editing the mirrored Artifact");
     mirrored_at(&env, &n, &first).await;
     assert_eq!(
         git_writes(&of, 2.0).await,

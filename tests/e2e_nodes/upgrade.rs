@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
@@ -304,17 +304,16 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         "2",
         &[("app.yaml", &configmap("cm-0", "after"))],
     );
-    let (artifacts, _) = support::dynamic_api(&env.client, ARTIFACT, "Artifact", Some(&n))
-        .await
-        .expect("the Artifact API");
-    artifacts
-        .patch(
-            "s0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": spec})),
-        )
-        .await
-        .expect("a new revision of s0");
+    support::merge_patch(
+        &env.client,
+        ARTIFACT,
+        "Artifact",
+        &n,
+        "s0",
+        &json!({"spec": spec}),
+    )
+    .await
+    .expect("a new revision of s0");
     configmap_holds(&env, &n, "cm-0", "after").await;
 
     // This build's validating webhook is in force: openflux published it

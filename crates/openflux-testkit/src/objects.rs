@@ -155,6 +155,22 @@ pub fn field<'a>(obj: &'a DynamicObject, pointer: &str) -> Option<&'a serde_json
     obj.data.pointer(pointer)
 }
 
+/// Merge-patches the object `namespace`/`name` of a kind with `patch`, as
+/// a user editing it would (not a server-side apply).
+pub async fn merge_patch(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> anyhow::Result<DynamicObject> {
+    let (api, _) = dynamic_api(client, api_version, kind, Some(namespace)).await?;
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .with_context(|| format!("patching {kind} {namespace}/{name}"))
+}
+
 /// Asks a Flux object to reconcile now (`reconcile.fluxcd.io/requestedAt`).
 pub async fn request_reconcile(
     client: &Client,
@@ -163,7 +179,6 @@ pub async fn request_reconcile(
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<()> {
-    let (api, _) = dynamic_api(client, api_version, kind, Some(namespace)).await?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -171,7 +186,7 @@ pub async fn request_reconcile(
     let patch = serde_json::json!({
         "metadata": { "annotations": { "reconcile.fluxcd.io/requestedAt": now.to_string() } }
     });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    merge_patch(client, api_version, kind, namespace, name, &patch)
         .await
         .with_context(|| format!("requesting reconciliation of {kind} {namespace}/{name}"))?;
     Ok(())
