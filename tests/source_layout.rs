@@ -101,6 +101,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("webhook::publish", Layer::Shell),
+    ("runtime::streaming", Layer::Shell),
     ("runtime::watch", Layer::Shell),
     ("policy::watch", Layer::Shell),
     ("runtime::wakes", Layer::Shell),

@@ -349,7 +349,7 @@ impl Controllers {
         let hub = self.hub.clone();
         let watch = Watch {
             api: self.scope.dynamic_api(&self.ctx.client, resource),
-            config: super::watch::paged().labels(&export::managed_selector()),
+            config: super::watch::streamed().labels(&export::managed_selector()),
             slim: without_managed_fields,
             keep: keep_all,
             what: "exported objects".to_string(),

@@ -8,8 +8,8 @@
 //! parts:
 //!
 //! - [`router`]: what one watch event means (pure, tested as a table);
-//! - [`watch`]: the one watcher loop every watched kind runs, and the hub
-//!   that applies what the router decided;
+//! - [`watch`]: the one watcher loop every watched kind runs (on
+//!   [`streaming`]'s watcher), and the hub that applies what the router decided;
 //! - [`wakes`]: the queue of wakes for the leader, without loss, each once;
 //! - [`leader`]: the leader's mirrors and export controller;
 //! - [`flags`]: the command line.
@@ -18,6 +18,7 @@ pub mod allocator;
 pub mod flags;
 pub mod leader;
 pub mod router;
+pub mod streaming;
 pub mod wakes;
 pub mod watch;
 

@@ -20,6 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::router::{route, Change, Event};
+use super::streaming;
 use super::wakes::{WakeReceiver, WakeSender};
 use crate::index::OwnerIndex;
 use crate::locks;
@@ -33,14 +34,18 @@ pub struct Scope {
     pub labels: String,
 }
 
-/// How every large watch lists: consistent reads in pages of
-/// [`LIST_PAGE`] objects. A list at resourceVersion 0 would be answered
-/// from the API server's watch cache in one response whatever the page
-/// limit, so a restart with many objects present would hold a whole kind
-/// in memory at once, twice (the body and its objects); paged, it holds a
-/// page. Consistent reads also keep a relist from going back in time.
-pub fn paged() -> watcher::Config {
-    watcher::Config::default().page_size(LIST_PAGE)
+/// How every large watch lists: a streaming list where the API server
+/// serves one ([`super::streaming`]), consistent reads in pages of
+/// [`LIST_PAGE`] objects where it does not. A list at resourceVersion 0
+/// would be answered from the API server's watch cache in one response
+/// whatever the page limit, so a restart with many objects present would
+/// hold a whole kind in memory at once, twice (the body and its objects);
+/// paged, it holds a page; streamed, one object. Consistent reads also
+/// keep a relist from going back in time.
+pub fn streamed() -> watcher::Config {
+    watcher::Config::default()
+        .page_size(LIST_PAGE)
+        .streaming_lists()
 }
 
 /// Objects per page of an initial list (client-go's reflector uses 500).
@@ -49,7 +54,7 @@ pub const LIST_PAGE: u32 = 500;
 impl Scope {
     /// The watcher configuration of the sources and Artifacts in this scope.
     pub fn config(&self) -> watcher::Config {
-        let config = paged();
+        let config = streamed();
         if self.labels.is_empty() {
             config
         } else {
@@ -61,7 +66,7 @@ impl Scope {
     /// Artifacts of the owner index, the consumers): this scope's namespace,
     /// without `--watch-label-selector`.
     pub fn whole(&self) -> watcher::Config {
-        paged()
+        streamed()
     }
 
     /// An API for `K` in this scope.
@@ -247,7 +252,7 @@ where
     }
 }
 
-/// `watcher(api, config)`, retried after an error with [`WatchBackoff`],
+/// [`streaming::watcher`]`(api, config)`, retried after an error with [`WatchBackoff`],
 /// which starts again from its first step only once the watch [`works`].
 pub fn retrying<K>(
     api: Api<K>,
@@ -259,11 +264,13 @@ where
 {
     let backoff = WatchBackoff::default();
     let worked = backoff.clone();
-    watcher(api, config).backoff(backoff).inspect(move |event| {
-        if event.as_ref().is_ok_and(works) {
-            worked.worked();
-        }
-    })
+    streaming::watcher(api, config)
+        .backoff(backoff)
+        .inspect(move |event| {
+            if event.as_ref().is_ok_and(works) {
+                worked.worked();
+            }
+        })
 }
 
 /// Whether a watch event proves that the watch works: anything the API
@@ -399,10 +406,11 @@ pub(crate) mod fake_api {
     }
 
     /// Serves lists and watches of any resource: the last path segment of
-    /// each list request goes to the returned channel; `serves(path, n)`
-    /// says how the `n`th list of `path` (from 0) is answered. A watch of
-    /// a path in `gone` is answered with 410 Gone (its client must list
-    /// again); any other watch never ends.
+    /// each list request (a paged list, or a watch that streams its list)
+    /// goes to the returned channel; `serves(path, n)` says how the `n`th
+    /// list of `path` (from 0) is answered. A watch of a path in `gone` is
+    /// answered with 410 Gone (its client must list again); any other
+    /// watch never ends.
     pub fn lists_server(
         serves: impl Fn(&str, usize) -> List + Send + Sync + 'static,
         gone: &'static [&'static str],
@@ -414,46 +422,48 @@ pub(crate) mod fake_api {
             let (seen, counts, serves) = (seen.clone(), counts.clone(), serves.clone());
             async move {
                 let path = request.uri().path().rsplit('/').next().unwrap_or("");
-                let (status, body) = if request.uri().query().unwrap_or("").contains("watch=true") {
+                let query = request.uri().query().unwrap_or("");
+                let streams = query.contains("sendInitialEvents=true");
+                if query.contains("watch=true") && !streams {
                     if !gone.contains(&path) {
                         std::future::pending::<()>().await;
                     }
                     let event = json!({"type": "ERROR", "object": {"kind": "Status",
                         "apiVersion": "v1", "status": "Failure", "reason": "Expired",
                         "message": "too old resource version", "code": 410}});
-                    (StatusCode::OK, event)
-                } else {
-                    let _ = seen.send(path.to_string());
-                    let n = {
-                        let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
-                        let n = counts.entry(path.to_string()).or_default();
-                        *n += 1;
-                        *n - 1
-                    };
-                    let answer = serves(path, n);
-                    if let List::After(mut release) = answer {
-                        let _ = release.wait_for(|go| *go).await;
-                    } else if let List::Refused = answer {
-                        let status = json!({"kind": "Status", "apiVersion": "v1",
-                            "status": "Failure", "reason": "Forbidden", "code": 403});
-                        return Ok(answer_with(StatusCode::FORBIDDEN, status));
-                    }
-                    {
-                        let list = json!({"apiVersion": "v1", "kind": "List",
-                            "metadata": {"resourceVersion": "1"}, "items": []});
-                        (StatusCode::OK, list)
-                    }
+                    return Ok(answer_with(StatusCode::OK, event.to_string()));
+                }
+                let _ = seen.send(path.to_string());
+                let n = {
+                    let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = counts.entry(path.to_string()).or_default();
+                    *n += 1;
+                    *n - 1
                 };
-                Ok::<_, std::convert::Infallible>(answer_with(status, body))
+                let answer = serves(path, n);
+                if let List::After(mut release) = answer {
+                    let _ = release.wait_for(|go| *go).await;
+                } else if let List::Refused = answer {
+                    let status = json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "reason": "Forbidden", "code": 403});
+                    return Ok(answer_with(StatusCode::FORBIDDEN, status.to_string()));
+                }
+                let body = if streams {
+                    json!({"type": "BOOKMARK", "object": {"kind": "Thing", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "1", "annotations":
+                            {crate::runtime::streaming::INITIAL_EVENTS_END: "true"}}}})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": "1"}, "items": []})
+                };
+                Ok::<_, std::convert::Infallible>(answer_with(StatusCode::OK, body.to_string()))
             }
         });
         (Client::new(service, "default"), lists)
     }
 
-    fn answer_with(status: StatusCode, body: serde_json::Value) -> Response<kube::client::Body> {
-        let mut response = Response::new(kube::client::Body::from(
-            serde_json::to_vec(&body).unwrap_or_default(),
-        ));
+    fn answer_with(status: StatusCode, body: String) -> Response<kube::client::Body> {
+        let mut response = Response::new(kube::client::Body::from(body.into_bytes()));
         *response.status_mut() = status;
         response
     }
@@ -550,7 +560,7 @@ mod tests {
         };
         let watch = Watch {
             api: Api::<DynamicObject>::all_with(client.clone(), &resource),
-            config: paged(),
+            config: streamed(),
             slim: without_managed_fields,
             keep: keep_all,
             what: plural.to_string(),
@@ -591,15 +601,19 @@ mod tests {
     }
 
     #[test]
-    fn large_watches_list_consistently_in_pages() {
+    fn large_watches_stream_their_lists_or_read_them_consistently_in_pages() {
         let scope = Scope {
             namespace: None,
             labels: "shard=a".into(),
         };
-        for config in [scope.config(), scope.whole(), paged()] {
-            // resourceVersion 0 would be served whole from the watch cache.
+        for config in [scope.config(), scope.whole(), streamed()] {
+            assert_eq!(
+                config.initial_list_strategy,
+                InitialListStrategy::StreamingList
+            );
+            // Where the API server streams no lists: resourceVersion 0
+            // would be served whole from the watch cache.
             assert_eq!(config.list_semantic, ListSemantic::MostRecent);
-            assert_eq!(config.initial_list_strategy, InitialListStrategy::ListWatch);
             assert_eq!(config.page_size, Some(LIST_PAGE));
         }
         assert_eq!(scope.config().label_selector.as_deref(), Some("shard=a"));

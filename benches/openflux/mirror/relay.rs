@@ -2,7 +2,7 @@
 //! hops (the source's write reaches its watch; its apply reaches the
 //! consumer's watch); the relay takes the same two hops with nothing in
 //! between. It watches the same sources with the same client library and
-//! watcher settings (paged consistent lists, as openflux's), and applies
+//! watcher (consistent streaming lists, as openflux's), and applies
 //! each listed or changed `status.artifact` as an Artifact's spec, with
 //! openflux's labels, server-side, at the same concurrency, as the
 //! plain-client floor's identity: no queue, no plan, no comparison, no
@@ -58,14 +58,14 @@ impl Relay {
         concurrent: usize,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let config = openflux::runtime::watch::paged();
+        let config = openflux::runtime::watch::streamed();
         let (listed, is_listed) = oneshot::channel();
         let mut listed = Some(listed);
         let writes = Arc::new(AtomicU64::new(0));
         let sent = writes.clone();
         let task = tokio::spawn(async move {
             let (plain, sent) = (&plain, &sent);
-            watcher(sources, config)
+            openflux::runtime::streaming::watcher(sources, config)
                 .default_backoff()
                 .filter_map(|event| {
                     let source = match event {
