@@ -10,17 +10,21 @@
 //! relist never goes back behind what the watch already saw. kube's own
 //! streaming list asks for resourceVersion 0, whatever the cache holds.
 //!
-//! An API server without streaming lists (its `WatchList` feature off)
-//! refuses the watch with 422 Invalid; the watch then lists in pages, with
-//! the same configuration, from there on.
+//! Where a streaming list fails, the next attempt lists in pages, as
+//! client-go does: a paged list that works is better than a stream that
+//! keeps failing (an API server whose storage cannot say how fresh its
+//! cache is answers the stream with an error event). An API server without
+//! streaming lists at all (its `WatchList` feature off) refuses the watch
+//! with 422 Invalid; that watch lists in pages from then on.
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
-use kube::api::{WatchEvent, WatchParams};
-use kube::runtime::watcher::{self, Event, InitialListStrategy};
+use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
+use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
@@ -29,8 +33,8 @@ pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// Watches `api` as kube's `watcher(api, config)` does. With
 /// `config.initial_list_strategy` set to streaming lists, each list is a
-/// consistent streaming list (see the module's doc); otherwise this is
-/// kube's watcher.
+/// consistent streaming list where the API server serves one (see the
+/// module's doc); otherwise this is kube's watcher.
 pub fn watcher<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -41,146 +45,227 @@ where
     if config.initial_list_strategy != InitialListStrategy::StreamingList {
         return kube::runtime::watcher(api, config).boxed();
     }
+    let watch = Watch {
+        api,
+        config,
+        streams: true,
+    };
     stream::unfold(
-        (api, config, State::Empty),
-        |(api, config, state)| async move {
-            let (event, state) = step(&api, &config, state).await?;
-            Some((event, (api, config, state)))
+        (watch, State::Empty { stream: true }),
+        |(mut watch, state)| async move {
+            let (event, state) = watch.step(state).await;
+            Some((event, (watch, state)))
         },
     )
     .boxed()
 }
 
+/// One watch, and whether its API server serves streaming lists.
+struct Watch<K> {
+    api: Api<K>,
+    config: watcher::Config,
+    streams: bool,
+}
+
 /// Where a watch is.
 enum State<K> {
-    /// The next step starts a list.
-    Empty,
+    /// The next step starts a list: streamed, or in pages.
+    Empty { stream: bool },
     /// A streaming list is under way.
-    Listing(Events<K>),
+    Streaming(Events<K>),
+    /// A paged list is under way: the rest of the page, the next page's
+    /// token, the list's version once known.
+    Paging {
+        objects: VecDeque<K>,
+        next: Option<String>,
+        version: Option<String>,
+    },
     /// Listed, or watched up to the version; the next step watches on.
     Listed(String),
-    /// Watching from the list's end.
+    /// Watching from the version.
     Watching(String, Events<K>),
-    /// The API server has no streaming lists: kube's paged watcher.
-    Paged(BoxStream<'static, watcher::Result<Event<K>>>),
 }
 
 type Events<K> = BoxStream<'static, kube::Result<WatchEvent<K>>>;
 
-/// One step: the next event and the state after it, or `None` when a
-/// paged watcher ends (kube's never does).
-async fn step<K>(
-    api: &Api<K>,
-    config: &watcher::Config,
-    mut state: State<K>,
-) -> Option<(watcher::Result<Event<K>>, State<K>)>
+impl<K> Watch<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    loop {
-        state = match state {
-            State::Empty => match api.watch(&params(config, true), "").await {
-                Ok(events) => return Some((Ok(Event::Init), State::Listing(events.boxed()))),
-                Err(kube::Error::Api(status)) if status.is_invalid() => {
-                    tracing::info!(
-                        refusal = %status.message,
-                        "the API server serves no streaming lists; listing in pages"
-                    );
-                    let mut paged = config.clone();
-                    paged.initial_list_strategy = InitialListStrategy::ListWatch;
-                    State::Paged(kube::runtime::watcher(api.clone(), paged).boxed())
+    /// The next list: streamed, unless this API server serves no streams.
+    fn relist(&self) -> State<K> {
+        State::Empty {
+            stream: self.streams,
+        }
+    }
+
+    /// One step: the next event and the state after it.
+    async fn step(&mut self, mut state: State<K>) -> (watcher::Result<Event<K>>, State<K>) {
+        loop {
+            state = match state {
+                State::Empty { stream: true } => {
+                    match self.api.watch(&self.params(true), "").await {
+                        Ok(events) => return (Ok(Event::Init), State::Streaming(events.boxed())),
+                        Err(kube::Error::Api(status)) if status.is_invalid() => {
+                            tracing::info!(refusal = %status.message,
+                                "the API server serves no streaming lists; listing in pages");
+                            self.streams = false;
+                            State::Empty { stream: false }
+                        }
+                        Err(error) => {
+                            let error = watcher::Error::WatchStartFailed(error);
+                            return (Err(error), State::Empty { stream: false });
+                        }
+                    }
                 }
-                Err(error) => {
-                    return Some((Err(watcher::Error::WatchStartFailed(error)), State::Empty))
+                State::Empty { stream: false } => {
+                    let paging = State::Paging {
+                        objects: VecDeque::new(),
+                        next: None,
+                        version: None,
+                    };
+                    return (Ok(Event::Init), paging);
                 }
-            },
-            State::Listing(mut events) => match next(&mut events, config).await {
-                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                    return Some((Ok(Event::InitApply(object)), State::Listing(events)));
+                State::Streaming(mut events) => match next(&mut events, &self.config).await {
+                    Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
+                        return (Ok(Event::InitApply(object)), State::Streaming(events));
+                    }
+                    Some(Ok(WatchEvent::Bookmark(mark)))
+                        if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END) =>
+                    {
+                        let version = mark.metadata.resource_version;
+                        return (Ok(Event::InitDone), State::Watching(version, events));
+                    }
+                    // Deletions are no part of a list; other bookmarks say nothing yet.
+                    Some(Ok(WatchEvent::Bookmark(_) | WatchEvent::Deleted(_))) => {
+                        State::Streaming(events)
+                    }
+                    // A list that failed part way is listed again whole, in pages.
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        let error = watcher::Error::WatchError(status);
+                        return (Err(error), State::Empty { stream: false });
+                    }
+                    Some(Err(error)) => {
+                        let error = watcher::Error::WatchFailed(error);
+                        return (Err(error), State::Empty { stream: false });
+                    }
+                    None => State::Empty { stream: false },
+                },
+                State::Paging {
+                    mut objects,
+                    next,
+                    version,
+                } => {
+                    if let Some(object) = objects.pop_front() {
+                        let paging = State::Paging {
+                            objects,
+                            next,
+                            version,
+                        };
+                        return (Ok(Event::InitApply(object)), paging);
+                    }
+                    if let (None, Some(version)) = (&next, version) {
+                        return (Ok(Event::InitDone), State::Listed(version));
+                    }
+                    let mut params = self.list_params();
+                    params.continue_token = next;
+                    match self.api.list(&params).await {
+                        Ok(list) => {
+                            let version = list.metadata.resource_version.filter(|v| !v.is_empty());
+                            let next = list.metadata.continue_.filter(|t| !t.is_empty());
+                            if version.is_none() && next.is_none() {
+                                return (Err(watcher::Error::NoResourceVersion), self.relist());
+                            }
+                            State::Paging {
+                                objects: list.items.into(),
+                                next,
+                                version,
+                            }
+                        }
+                        Err(error) => {
+                            let error = watcher::Error::InitialListFailed(error);
+                            return (Err(error), self.relist());
+                        }
+                    }
                 }
-                Some(Ok(WatchEvent::Bookmark(mark)))
-                    if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END) =>
+                State::Listed(version) => match self.api.watch(&self.params(false), &version).await
                 {
-                    let version = mark.metadata.resource_version;
-                    return Some((Ok(Event::InitDone), State::Watching(version, events)));
-                }
-                // Deletions are not part of a list; other bookmarks say nothing yet.
-                Some(Ok(WatchEvent::Bookmark(_) | WatchEvent::Deleted(_))) => {
-                    State::Listing(events)
-                }
-                // A list that failed part way is listed again whole.
-                Some(Ok(WatchEvent::Error(status))) => {
-                    return Some((Err(watcher::Error::WatchError(status)), State::Empty));
-                }
-                Some(Err(error)) => {
-                    return Some((Err(watcher::Error::WatchFailed(error)), State::Empty));
-                }
-                None => State::Empty,
-            },
-            State::Listed(version) => match api.watch(&params(config, false), &version).await {
-                Ok(events) => State::Watching(version, events.boxed()),
-                Err(error) => {
-                    let error = watcher::Error::WatchStartFailed(error);
-                    return Some((Err(error), State::Listed(version)));
-                }
-            },
-            State::Watching(version, mut events) => match next(&mut events, config).await {
-                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                    return Some(seen(object, Event::Apply, events));
-                }
-                Some(Ok(WatchEvent::Deleted(object))) => {
-                    return Some(seen(object, Event::Delete, events));
-                }
-                Some(Ok(WatchEvent::Bookmark(mark))) => {
-                    State::Watching(mark.metadata.resource_version, events)
-                }
-                // 410 Gone: the version is too old to watch from; list again.
-                Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
-                    return Some((Err(watcher::Error::WatchError(status)), State::Empty));
-                }
-                Some(Ok(WatchEvent::Error(status))) => {
-                    let error = watcher::Error::WatchError(status);
-                    return Some((Err(error), State::Watching(version, events)));
-                }
-                Some(Err(error)) => {
-                    let error = watcher::Error::WatchFailed(error);
-                    return Some((Err(error), State::Watching(version, events)));
-                }
-                None => State::Listed(version),
-            },
-            State::Paged(mut events) => {
-                return events
-                    .next()
-                    .await
-                    .map(|event| (event, State::Paged(events)));
+                    Ok(events) => State::Watching(version, events.boxed()),
+                    Err(error) => {
+                        let error = watcher::Error::WatchStartFailed(error);
+                        return (Err(error), State::Listed(version));
+                    }
+                },
+                State::Watching(version, mut events) => match next(&mut events, &self.config).await
+                {
+                    Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
+                        return self.seen(object, Event::Apply, events);
+                    }
+                    Some(Ok(WatchEvent::Deleted(object))) => {
+                        return self.seen(object, Event::Delete, events);
+                    }
+                    Some(Ok(WatchEvent::Bookmark(mark))) => {
+                        State::Watching(mark.metadata.resource_version, events)
+                    }
+                    // 410 Gone: the version is too old to watch from; list again.
+                    Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
+                        return (Err(watcher::Error::WatchError(status)), self.relist());
+                    }
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        let error = watcher::Error::WatchError(status);
+                        return (Err(error), State::Watching(version, events));
+                    }
+                    Some(Err(error)) => {
+                        let error = watcher::Error::WatchFailed(error);
+                        return (Err(error), State::Watching(version, events));
+                    }
+                    None => State::Listed(version),
+                },
             }
         }
     }
-}
 
-/// A watched change, and the watch going on from its version.
-fn seen<K: Resource>(
-    object: K,
-    event: fn(K) -> Event<K>,
-    events: Events<K>,
-) -> (watcher::Result<Event<K>>, State<K>) {
-    match object.meta().resource_version.clone() {
-        Some(version) if !version.is_empty() => {
-            (Ok(event(object)), State::Watching(version, events))
+    /// A watched change, and the watch going on from its version.
+    fn seen(
+        &self,
+        object: K,
+        event: fn(K) -> Event<K>,
+        events: Events<K>,
+    ) -> (watcher::Result<Event<K>>, State<K>) {
+        match object.meta().resource_version.clone() {
+            Some(version) if !version.is_empty() => {
+                (Ok(event(object)), State::Watching(version, events))
+            }
+            _ => (Err(watcher::Error::NoResourceVersion), self.relist()),
         }
-        _ => (Err(watcher::Error::NoResourceVersion), State::Empty),
     }
-}
 
-/// The parameters of a watch, and with `list` of a streaming list.
-fn params(config: &watcher::Config, list: bool) -> WatchParams {
-    WatchParams {
-        label_selector: config.label_selector.clone(),
-        field_selector: config.field_selector.clone(),
-        timeout: config.timeout,
-        // A streaming list ends with a bookmark.
-        bookmarks: config.bookmarks || list,
-        send_initial_events: list,
+    /// The parameters of a watch, and with `list` of a streaming list.
+    fn params(&self, list: bool) -> WatchParams {
+        WatchParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            timeout: self.config.timeout,
+            // A streaming list ends with a bookmark.
+            bookmarks: self.config.bookmarks || list,
+            send_initial_events: list,
+        }
+    }
+
+    /// The parameters of a paged list's first page.
+    fn list_params(&self) -> ListParams {
+        let (resource_version, version_match) = match self.config.list_semantic {
+            ListSemantic::Any => (Some("0".to_string()), Some(VersionMatch::NotOlderThan)),
+            ListSemantic::MostRecent => (None, None),
+        };
+        ListParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            limit: self.config.page_size,
+            resource_version,
+            version_match,
+            ..ListParams::default()
+        }
     }
 }
 
@@ -344,50 +429,86 @@ mod tests {
         assert!(!watch.iter().any(|p| p.starts_with("sendInitialEvents")));
     }
 
-    #[tokio::test]
-    async fn a_server_without_streaming_lists_is_listed_in_pages() {
+    fn list_of(version: &str, items: &[Value]) -> (StatusCode, String) {
         let list = json!({"apiVersion": "v1", "kind": "ConfigMapList",
-            "metadata": {"resourceVersion": "3"}, "items": [config_map("a", "2")]});
+            "metadata": {"resourceVersion": version}, "items": items});
+        (StatusCode::OK, list.to_string())
+    }
+
+    fn gone() -> Value {
+        event(
+            "ERROR",
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Expired", "message": "too old resource version", "code": 410}),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_server_without_streaming_lists_is_listed_in_pages_from_then_on() {
         let (client, asked) = scripted(vec![
             status(422, "Invalid"),
-            (StatusCode::OK, list.to_string()),
-            watch(&[event("MODIFIED", config_map("a", "4"))]),
+            list_of("3", &[config_map("a", "2")]),
+            watch(&[event("MODIFIED", config_map("a", "4")), gone()]),
+            list_of("6", &[config_map("b", "5")]),
         ]);
-        let seen = first(client, 4).await;
-        assert_eq!(seen, ["list", "listed a", "listed", "applied a"]);
+        let seen = first(client, 7).await;
+        assert_eq!(seen[..4], ["list", "listed a", "listed", "applied a"]);
+        assert!(seen[4].starts_with("error: "), "{seen:?}");
+        assert_eq!(seen[5..], ["list", "listed b"]);
         let asked = asked.lock().unwrap_or_else(|e| e.into_inner());
-        let list = params_of(&asked[1]);
-        assert!(list.contains(&"limit=500"), "{list:?}");
-        assert!(!list.contains(&"watch=true"), "{list:?}");
+        for relist in [1, 3] {
+            let list = params_of(&asked[relist]);
+            assert!(list.contains(&"limit=500"), "{list:?}");
+            assert!(!list.contains(&"watch=true"), "{list:?}");
+        }
         assert!(params_of(&asked[2]).contains(&"resourceVersion=3"));
     }
 
     #[tokio::test]
-    async fn a_list_cut_short_or_refused_is_listed_again_whole() {
-        let (client, _) = scripted(vec![
-            status(403, "Forbidden"),
-            watch(&[event("ADDED", config_map("a", "2"))]),
+    async fn a_streaming_list_that_fails_is_listed_again_in_pages_and_the_next_streams() {
+        let internal = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "InternalError", "message": "storage cannot stream", "code": 500});
+        let (client, asked) = scripted(vec![
             watch(&[
                 event("ADDED", config_map("a", "2")),
-                event("ADDED", config_map("b", "3")),
-                end_of_list("3"),
+                event("ERROR", internal),
             ]),
+            list_of("3", &[config_map("a", "2"), config_map("b", "3")]),
+            watch(&[gone()]),
+            // Cut short: the stream ends before the list does.
+            watch(&[event("ADDED", config_map("c", "8"))]),
+            list_of("9", &[config_map("c", "8")]),
         ]);
-        let seen = first(client, 7).await;
+        let seen = first(client, 12).await;
+        assert_eq!(seen[..2], ["list", "listed a"]);
+        assert!(seen[2].starts_with("error: "), "{seen:?}");
+        assert_eq!(seen[3..7], ["list", "listed a", "listed b", "listed"]);
+        assert!(seen[7].starts_with("error: "), "{seen:?}");
+        assert_eq!(seen[8..], ["list", "listed c", "list", "listed c"]);
+        let asked = asked.lock().unwrap_or_else(|e| e.into_inner());
+        let kinds: Vec<bool> = asked
+            .iter()
+            .map(|query| params_of(query).contains(&"sendInitialEvents=true"))
+            .collect();
+        assert_eq!(kinds, [true, false, false, true, false], "{asked:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_streaming_list_is_retried_in_pages() {
+        let (client, _) = scripted(vec![
+            status(403, "Forbidden"),
+            list_of("3", &[config_map("a", "2")]),
+        ]);
+        let seen = first(client, 4).await;
         assert!(seen[0].starts_with("error: "), "{seen:?}");
-        assert_eq!(
-            seen[1..],
-            ["list", "listed a", "list", "listed a", "listed b", "listed"]
-        );
+        assert_eq!(seen[1..], ["list", "listed a", "listed"]);
     }
 
     #[tokio::test]
     async fn a_watch_too_old_to_go_on_lists_again_from_the_latest_state() {
-        let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "Expired", "message": "too old resource version", "code": 410});
         let (client, asked) = scripted(vec![
             watch(&[end_of_list("5")]),
-            watch(&[event("ERROR", gone)]),
+            watch(&[gone()]),
             watch(&[event("ADDED", config_map("a", "9")), end_of_list("9")]),
         ]);
         let seen = first(client, 6).await;
