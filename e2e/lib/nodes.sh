@@ -191,7 +191,8 @@ node_wait() {
   local i=$1 name=$2 bin=$3 what=$4 deadline=$(($(date +%s) + TIMEOUT))
   shift 4
   until "$@" >/dev/null 2>&1; do
-    if ! node_alive "$i" "$name" "$bin"; then
+    if ! node_alive "$i" "$name" "$bin" &&
+      ! launching "$(cat "$(node_dir "$i")/pids/$name.pid" 2>/dev/null)"; then
       log_tail "$(node_name "$i").$name"
       fail_up "$name of $(node_name "$i") exited while waiting for $what"
     fi
@@ -309,7 +310,7 @@ wait_extra() {
   local name=$1 bin=$2 what=$3 deadline=$(($(date +%s) + TIMEOUT))
   shift 3
   until "$@" >/dev/null 2>&1; do
-    if ! extra_alive "$name" "$bin"; then log_tail "$name"; fail_up "$name exited while waiting for $what"; fi
+    if ! extra_alive "$name" "$bin" && ! launching "$(cat "$STATE/nodes/pids/$name.pid" 2>/dev/null)"; then log_tail "$name"; fail_up "$name exited while waiting for $what"; fi
     if [ "$(date +%s)" -ge "$deadline" ]; then log_tail "$name"; fail_up "timed out after ${TIMEOUT}s waiting for $what"; fi
     sleep 0.5
   done
