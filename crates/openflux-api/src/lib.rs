@@ -13,6 +13,7 @@ pub mod producer;
 pub mod runtime;
 #[cfg(feature = "spiffe")]
 pub mod spiffe;
+pub mod timestamp;
 
 use std::collections::BTreeMap;
 
@@ -165,8 +166,14 @@ pub struct ArtifactSpec {
     /// Size of the file in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<i64>,
-    /// When the producer last updated the artifact.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When the producer last updated the artifact. Read as the API
+    /// server's `date-time` check reads it ([`timestamp::parse`]); a value
+    /// that cannot be read is absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "timestamp::optional"
+    )]
     pub last_update_time: Option<Time>,
     /// Free-form metadata (for example OCI annotations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
