@@ -85,6 +85,8 @@ pub struct Context {
     pub retry: openflux_api::runtime::RetryArgs,
     /// Turns at a first list, shared by every watch of the process.
     pub list_turns: crate::runtime::watch::ListTurns,
+    /// Where watches hand the objects they cannot decode.
+    pub rejects: crate::runtime::decoded::Rejects,
 }
 
 impl Context {

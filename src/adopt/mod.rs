@@ -63,6 +63,7 @@ pub async fn run(
         what: format!("Open Flux Artifacts ({group})"),
         hint: "can openflux list and watch this Artifact API? see its ClusterRole",
         turns: ctx.list_turns.clone(),
+        rejects: ctx.rejects.clone(),
     };
     let sink_look = look.clone();
     let sink_ctx = ctx.clone();

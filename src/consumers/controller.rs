@@ -85,6 +85,7 @@ impl Consumers {
                 what: format!("{} consumers", consumer.kind),
                 hint: "can openflux list and watch this Flux consumer kind? see its ClusterRole",
                 turns: ctx.list_turns.clone(),
+                rejects: ctx.rejects.clone(),
             };
             let (ctx2, look, freed) = (ctx.clone(), sinks.look.clone(), sinks.freed.clone());
             tasks.spawn(watch.run(

@@ -315,6 +315,7 @@ impl Controllers {
             what: format!("{} sources", stock.kind),
             hint: "can openflux list and watch this kind? see its ClusterRole",
             turns: self.ctx.list_turns.clone(),
+            rejects: self.ctx.rejects.clone(),
         };
         let synced = self.readiness.controller_watch(&watch.what);
         // The mirror keeps its own store (what it reads of each source), so
@@ -355,6 +356,7 @@ impl Controllers {
             what: "exported objects".to_string(),
             hint: "can openflux list and watch ExternalArtifacts and OCIRepositories? see its ClusterRole",
             turns: self.ctx.list_turns.clone(),
+            rejects: self.ctx.rejects.clone(),
         };
         self.tasks.spawn(watch.run(
             Some(writer),

@@ -15,6 +15,7 @@
 //! - [`flags`]: the command line.
 
 pub mod allocator;
+pub mod decoded;
 pub mod flags;
 pub mod leader;
 pub mod router;
@@ -105,6 +106,7 @@ where
     readiness.register(&mut registry);
     let (terms, leading) = tokio::sync::watch::channel(None);
     let events = event_recorder(&client, runtime)?;
+    let (rejects, rejected) = decoded::Rejects::channel(&mut registry);
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -117,6 +119,7 @@ where
     };
     let shutdown = shared.shutdown.clone();
     spawn_signal_handler(shutdown.clone());
+    tokio::spawn(rejected.run(events.clone(), shutdown.clone()));
     let extra = spawn_service(extra(&shared), shutdown.clone());
 
     let artifacts = Writer::<Artifact>::default();
@@ -136,6 +139,7 @@ where
         shard: args.shard()?,
         retry: runtime.retry,
         list_turns: Default::default(),
+        rejects,
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
@@ -161,6 +165,7 @@ where
         what: "Artifacts".to_string(),
         hint: "is the openflux.dev CRD installed? `openflux crds | kubectl apply -f -`",
         turns: ctx.list_turns.clone(),
+        rejects: ctx.rejects.clone(),
     };
     let artifact_hub = hub.clone();
     let watch = tokio::spawn(watch.run(

@@ -16,6 +16,10 @@
 //! cache is answers the stream with an error event). An API server without
 //! streaming lists at all (its `WatchList` feature off) refuses the watch
 //! with 422 Invalid; that watch lists in pages from then on.
+//!
+//! Each object of a list or an event is decoded on its own
+//! ([`super::decoded`]): one that does not fit openflux's types is handed
+//! to [`Rejects`] and skipped, and the rest of the list goes on.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -24,9 +28,12 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use kube::api::{ListParams, VersionMatch, WatchEvent, WatchParams};
+use kube::core::ObjectList;
 use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
-use kube::{Api, Resource};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
+
+use super::decoded::{self, Decoded, Rejects};
 
 /// The annotation on the bookmark that ends a streaming list.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -34,10 +41,12 @@ pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// Watches `api` as kube's `watcher(api, config)` does. With
 /// `config.initial_list_strategy` set to streaming lists, each list is a
 /// consistent streaming list where the API server serves one (see the
-/// module's doc); otherwise this is kube's watcher.
+/// module's doc), and objects that cannot be decoded go to `rejects`;
+/// otherwise this is kube's watcher.
 pub fn watcher<K>(
     api: Api<K>,
     config: watcher::Config,
+    rejects: Rejects,
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -45,10 +54,14 @@ where
     if config.initial_list_strategy != InitialListStrategy::StreamingList {
         return kube::runtime::watcher(api, config).boxed();
     }
+    let request = kube::core::Request::new(api.resource_url());
     let watch = Watch {
-        api,
+        client: api.into_client(),
+        request,
         config,
         streams: true,
+        rejects,
+        _kind: std::marker::PhantomData,
     };
     stream::unfold(
         (watch, State::Empty { stream: true }),
@@ -62,9 +75,13 @@ where
 
 /// One watch, and whether its API server serves streaming lists.
 struct Watch<K> {
-    api: Api<K>,
+    client: Client,
+    /// Requests for the watched kind in the watched scope.
+    request: kube::core::Request,
     config: watcher::Config,
     streams: bool,
+    rejects: Rejects,
+    _kind: std::marker::PhantomData<fn() -> K>,
 }
 
 /// Where a watch is.
@@ -86,12 +103,65 @@ enum State<K> {
     Watching(String, Events<K>),
 }
 
-type Events<K> = BoxStream<'static, kube::Result<WatchEvent<K>>>;
+type Events<K> = BoxStream<'static, kube::Result<WatchEvent<Decoded<K>>>>;
 
 impl<K> Watch<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    /// A watch from `version` (with `params.send_initial_events`, a
+    /// streaming list), each object decoded on its own.
+    async fn watch(&self, params: &WatchParams, version: &str) -> kube::Result<Events<K>> {
+        let mut request = if K::metadata_api() {
+            self.request.watch_metadata(params, version)
+        } else {
+            self.request.watch(params, version)
+        }
+        .map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("watch");
+        // As kube does: a watch's answer uncompressed (one gzip member an
+        // event is more than its decoder reads).
+        request
+            .headers_mut()
+            .entry(axum::http::header::ACCEPT_ENCODING)
+            .or_insert(axum::http::HeaderValue::from_static("identity"));
+        let body = self.client.request_stream(request).await?;
+        // The lines of the answer, each an event; a connection that breaks
+        // ends the watch, which goes on from its version.
+        let lines = futures::AsyncBufReadExt::lines(body).take_while(|line| {
+            if let Err(error) = line {
+                tracing::debug!(%error, "watch connection ended");
+            }
+            std::future::ready(line.is_ok())
+        });
+        Ok(lines
+            .filter_map(|line| std::future::ready(decoded::event(&line.unwrap_or_default())))
+            .boxed())
+    }
+
+    /// One page of a list, each object decoded on its own.
+    async fn list(&self, params: &ListParams) -> kube::Result<ObjectList<Decoded<K>>> {
+        let mut request = if K::metadata_api() {
+            self.request.list_metadata(params)
+        } else {
+            self.request.list(params)
+        }
+        .map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("list");
+        self.client.request(request).await
+    }
+
+    /// `object` itself, or `None` once an undecodable one is set aside.
+    fn decoded(&self, object: Decoded<K>) -> Option<K> {
+        match object {
+            Decoded::Object(object) => Some(object),
+            Decoded::Undecodable(undecodable) => {
+                self.rejects.reject(undecodable);
+                None
+            }
+        }
+    }
+
     /// The next list: streamed, unless this API server serves no streams.
     fn relist(&self) -> State<K> {
         State::Empty {
@@ -103,21 +173,19 @@ where
     async fn step(&mut self, mut state: State<K>) -> (watcher::Result<Event<K>>, State<K>) {
         loop {
             state = match state {
-                State::Empty { stream: true } => {
-                    match self.api.watch(&self.params(true), "").await {
-                        Ok(events) => return (Ok(Event::Init), State::Streaming(events.boxed())),
-                        Err(kube::Error::Api(status)) if status.is_invalid() => {
-                            tracing::info!(refusal = %status.message,
+                State::Empty { stream: true } => match self.watch(&self.params(true), "").await {
+                    Ok(events) => return (Ok(Event::Init), State::Streaming(events)),
+                    Err(kube::Error::Api(status)) if status.is_invalid() => {
+                        tracing::info!(refusal = %status.message,
                                 "the API server serves no streaming lists; listing in pages");
-                            self.streams = false;
-                            State::Empty { stream: false }
-                        }
-                        Err(error) => {
-                            let error = watcher::Error::WatchStartFailed(error);
-                            return (Err(error), State::Empty { stream: false });
-                        }
+                        self.streams = false;
+                        State::Empty { stream: false }
                     }
-                }
+                    Err(error) => {
+                        let error = watcher::Error::WatchStartFailed(error);
+                        return (Err(error), State::Empty { stream: false });
+                    }
+                },
                 State::Empty { stream: false } => {
                     let paging = State::Paging {
                         objects: VecDeque::new(),
@@ -128,7 +196,12 @@ where
                 }
                 State::Streaming(mut events) => match next(&mut events, &self.config).await {
                     Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                        return (Ok(Event::InitApply(object)), State::Streaming(events));
+                        match self.decoded(object) {
+                            Some(object) => {
+                                return (Ok(Event::InitApply(object)), State::Streaming(events))
+                            }
+                            None => State::Streaming(events),
+                        }
                     }
                     Some(Ok(WatchEvent::Bookmark(mark)))
                         if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END) =>
@@ -169,15 +242,20 @@ where
                     }
                     let mut params = self.list_params();
                     params.continue_token = next;
-                    match self.api.list(&params).await {
+                    match self.list(&params).await {
                         Ok(list) => {
                             let version = list.metadata.resource_version.filter(|v| !v.is_empty());
                             let next = list.metadata.continue_.filter(|t| !t.is_empty());
                             if version.is_none() && next.is_none() {
                                 return (Err(watcher::Error::NoResourceVersion), self.relist());
                             }
+                            let objects = list
+                                .items
+                                .into_iter()
+                                .filter_map(|object| self.decoded(object))
+                                .collect();
                             State::Paging {
-                                objects: list.items.into(),
+                                objects,
                                 next,
                                 version,
                             }
@@ -188,9 +266,8 @@ where
                         }
                     }
                 }
-                State::Listed(version) => match self.api.watch(&self.params(false), &version).await
-                {
-                    Ok(events) => State::Watching(version, events.boxed()),
+                State::Listed(version) => match self.watch(&self.params(false), &version).await {
+                    Ok(events) => State::Watching(version, events),
                     Err(error) => {
                         let error = watcher::Error::WatchStartFailed(error);
                         return (Err(error), State::Listed(version));
@@ -199,11 +276,18 @@ where
                 State::Watching(version, mut events) => match next(&mut events, &self.config).await
                 {
                     Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                        return self.seen(object, Event::Apply, events);
+                        match self.decoded(object) {
+                            Some(object) => return self.seen(object, Event::Apply, events),
+                            None => State::Watching(version, events),
+                        }
                     }
-                    Some(Ok(WatchEvent::Deleted(object))) => {
-                        return self.seen(object, Event::Delete, events);
-                    }
+                    // A deletion of an object that cannot be decoded is not
+                    // seen either: a store that held an earlier version of
+                    // it keeps that one until the next list.
+                    Some(Ok(WatchEvent::Deleted(object))) => match self.decoded(object) {
+                        Some(object) => return self.seen(object, Event::Delete, events),
+                        None => State::Watching(version, events),
+                    },
                     Some(Ok(WatchEvent::Bookmark(mark))) => {
                         State::Watching(mark.metadata.resource_version, events)
                     }
@@ -276,7 +360,7 @@ where
 async fn next<K>(
     events: &mut Events<K>,
     config: &watcher::Config,
-) -> Option<kube::Result<WatchEvent<K>>> {
+) -> Option<kube::Result<WatchEvent<Decoded<K>>>> {
     let server = config.timeout.unwrap_or(DEFAULT_TIMEOUT);
     if server == 0 {
         return events.next().await;
@@ -368,7 +452,10 @@ mod tests {
     async fn first(client: Client, n: usize) -> Vec<String> {
         let api = Api::<ConfigMap>::namespaced(client, "apps");
         let config = watcher::Config::default().page_size(500).streaming_lists();
-        let events = watcher(api, config).take(n).collect::<Vec<_>>().await;
+        let events = watcher(api, config, Rejects::default())
+            .take(n)
+            .collect::<Vec<_>>()
+            .await;
         events
             .iter()
             .map(|event| match event {
@@ -502,6 +589,80 @@ mod tests {
         let seen = first(client, 4).await;
         assert!(seen[0].starts_with("error: "), "{seen:?}");
         assert_eq!(seen[1..], ["list", "listed a", "listed"]);
+    }
+
+    /// A ConfigMap whose `data` no decoder takes.
+    fn odd_config_map(name: &str, version: &str) -> Value {
+        let mut object = config_map(name, version);
+        object["data"] = json!(["not", "a", "map"]);
+        object
+    }
+
+    #[tokio::test]
+    async fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_goes_on() {
+        let (client, _) = scripted(vec![
+            watch(&[
+                event("ADDED", odd_config_map("odd-streamed", "2")),
+                event("ADDED", config_map("a", "3")),
+                end_of_list("3"),
+            ]),
+            watch(&[
+                event("MODIFIED", odd_config_map("a", "4")),
+                event("ADDED", config_map("b", "5")),
+                gone(),
+            ]),
+            status(403, "Forbidden"),
+            list_of(
+                "7",
+                &[
+                    config_map("a", "6"),
+                    odd_config_map("odd-paged", "6"),
+                    config_map("b", "7"),
+                ],
+            ),
+        ]);
+        let (rejects, mut rejected) = Rejects::queue();
+        let api = Api::<ConfigMap>::namespaced(client, "apps");
+        let config = watcher::Config::default().page_size(500).streaming_lists();
+        let seen: Vec<String> = watcher(api, config, rejects)
+            .take(10)
+            .map(|event| match event {
+                Ok(Event::Init) => "list".to_string(),
+                Ok(Event::InitApply(o)) => format!("listed {}", o.name_any()),
+                Ok(Event::InitDone) => "listed".to_string(),
+                Ok(Event::Apply(o)) => format!("applied {}", o.name_any()),
+                Ok(Event::Delete(o)) => format!("deleted {}", o.name_any()),
+                Err(_) => "error".to_string(),
+            })
+            .collect()
+            .await;
+        assert_eq!(
+            seen,
+            [
+                "list",
+                "listed a",
+                "listed",
+                "applied b",
+                "error",
+                "error",
+                "list",
+                "listed a",
+                "listed b",
+                "listed"
+            ]
+        );
+        let mut set_aside = Vec::new();
+        while let Ok(object) = rejected.try_recv() {
+            set_aside.push(format!(
+                "{} {}",
+                object.key(),
+                object.resource_version.unwrap_or_default()
+            ));
+        }
+        assert_eq!(
+            set_aside,
+            ["apps/odd-streamed 2", "apps/a 4", "apps/odd-paged 6"]
+        );
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::decoded::Rejects;
 use super::router::{route, Change, Event};
 use super::streaming;
 use super::wakes::{WakeReceiver, WakeSender};
@@ -135,6 +136,8 @@ pub struct Watch<K: Resource> {
     pub hint: &'static str,
     /// Whose turn it is to list ([`ListTurns`]).
     pub turns: ListTurns,
+    /// Where objects that cannot be decoded go.
+    pub rejects: Rejects,
 }
 
 impl<K> Watch<K>
@@ -162,6 +165,7 @@ where
             what,
             hint,
             turns,
+            rejects,
         } = self;
         let reader = writer.as_ref().map(Writer::as_reader);
         let kept = |object: &K, writer: &Option<Writer<K>>| writer.is_some() && keep(object);
@@ -170,7 +174,7 @@ where
             turn = turns.take() => turn,
             _ = shutdown.cancelled() => return,
         };
-        let mut events = retrying(api, config).modify(slim).boxed();
+        let mut events = retrying_with(api, config, rejects).modify(slim).boxed();
         // When the current streak of errors began, and whether it was
         // reported as broken.
         let mut failing: Option<(tokio::time::Instant, bool)> = None;
@@ -252,8 +256,7 @@ where
     }
 }
 
-/// [`streaming::watcher`]`(api, config)`, retried after an error with [`WatchBackoff`],
-/// which starts again from its first step only once the watch [`works`].
+/// [`retrying_with`] whose objects that cannot be decoded are only logged.
 pub fn retrying<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -262,9 +265,24 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K::DynamicType: Clone + Eq + Hash,
 {
+    retrying_with(api, config, Rejects::default())
+}
+
+/// [`streaming::watcher`]`(api, config, rejects)`, retried after an error
+/// with [`WatchBackoff`], which starts again from its first step only once
+/// the watch [`works`].
+pub fn retrying_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    rejects: Rejects,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Clone + Eq + Hash,
+{
     let backoff = WatchBackoff::default();
     let worked = backoff.clone();
-    streaming::watcher(api, config)
+    streaming::watcher(api, config, rejects)
         .backoff(backoff)
         .inspect(move |event| {
             if event.as_ref().is_ok_and(works) {
@@ -566,6 +584,7 @@ mod tests {
             what: plural.to_string(),
             hint: "",
             turns: turns.clone(),
+            rejects: Rejects::default(),
         };
         tokio::spawn(watch.run(
             Some(Writer::new(resource)),

@@ -65,7 +65,7 @@ impl Relay {
         let sent = writes.clone();
         let task = tokio::spawn(async move {
             let (plain, sent) = (&plain, &sent);
-            openflux::runtime::streaming::watcher(sources, config)
+            openflux::runtime::streaming::watcher(sources, config, Default::default())
                 .default_backoff()
                 .filter_map(|event| {
                     let source = match event {
