@@ -24,31 +24,37 @@
 //! message naming what to rename; nothing is shared silently.
 
 use crate::api::{GROUP, KIND};
-use crate::names::bounded_name;
+use crate::names::{bounded_export_name, legacy_bounded_export_name};
 
 /// Label a producer sets on the Artifact that speaks for its source.
 pub const DEFAULT_ARTIFACT_LABEL: &str = "openflux.dev/default-artifact";
 
 /// Name of the object exported for a source of `group`/`kind` named `name`.
 pub fn source_export_name(group: &str, kind: &str, name: &str) -> String {
+    bounded_export_name(&source_export_value(group, kind, name))
+}
+
+/// [`source_export_name`] before it is cut to fit.
+fn source_export_value(group: &str, kind: &str, name: &str) -> String {
     let kind = kind.to_ascii_lowercase();
     if group.is_empty() {
-        bounded_name(&format!("{name}.{kind}"))
+        format!("{name}.{kind}")
     } else {
-        bounded_name(&format!("{name}.{kind}.{group}"))
+        format!("{name}.{kind}.{group}")
     }
 }
 
 /// Name of the object exported for one Artifact referenced directly (not its
 /// source's default), or for an Artifact without an owner.
 pub fn artifact_export_name(artifact: &str) -> String {
-    bounded_name(&format!("{artifact}.artifact.{GROUP}"))
+    bounded_export_name(&format!("{artifact}.artifact.{GROUP}"))
 }
 
 /// Whether `candidate` is a name openflux gives, or gave in earlier
 /// releases, to the export of a reference to `kind`/`name` (of `group` when
 /// known): what a consumer it rewrote points at. Earlier releases named
-/// exports `<kind>-<name>` and `artifact-<artifact>`.
+/// exports `<kind>-<name>` and `artifact-<artifact>`, and cut long names
+/// to a length that could end below the longest.
 pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &str) -> bool {
     let lower = kind.to_ascii_lowercase();
     let direct = kind == KIND && group.is_none_or(|g| g == GROUP);
@@ -64,7 +70,12 @@ pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &s
     } else {
         crate::names::legacy_export_name(kind, name)
     };
-    current || candidate == legacy
+    let legacy_cut = match (direct, group) {
+        (true, _) => legacy_bounded_export_name(&format!("{name}.artifact.{GROUP}")),
+        (false, Some(g)) => legacy_bounded_export_name(&source_export_value(g, kind, name)),
+        (false, None) => String::new(),
+    };
+    current || candidate == legacy || (!legacy_cut.is_empty() && candidate == legacy_cut)
 }
 
 /// One Artifact of a source, as the default rule sees it.

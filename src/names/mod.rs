@@ -7,7 +7,8 @@
 //! names earlier releases gave exports (`<kind>-<name>`, `artifact-<name>`)
 //! are kept here only to recognise consumers rewritten to them. Names longer
 //! than Kubernetes allows are cut and given a hash suffix, so distinct inputs
-//! stay distinct.
+//! stay distinct; an export's name cut to fit is always exactly [`MAX_NAME`]
+//! long, the one mark of an export a cut name keeps.
 
 pub mod identity;
 
@@ -48,12 +49,6 @@ pub fn legacy_artifact_export_name(artifact_name: &str) -> String {
     joined("artifact", artifact_name, MAX_NAME)
 }
 
-/// `value` as an object name: itself when it fits, otherwise cut and given a
-/// hash suffix of the whole.
-pub fn bounded_name(value: &str) -> String {
-    bounded(value, MAX_NAME)
-}
-
 /// A label value for `value`, cut with a hash suffix when it is too long.
 pub fn label_value(value: &str) -> String {
     bounded(value, MAX_LABEL_VALUE)
@@ -63,21 +58,52 @@ fn joined(prefix: &str, name: &str, max: usize) -> String {
     bounded(&format!("{prefix}-{name}"), max)
 }
 
+/// `value` as an export's name: itself when it fits, otherwise cut to
+/// exactly [`MAX_NAME`] characters, so that a name cut to fit is told by
+/// its length alone (the validating webhook's `matchConditions` select
+/// references to exports by their shape; a cut name has no dots to show).
+/// Its first part and a hash of the whole; a `.` where the hash joins on
+/// becomes `-`, keeping the name a DNS subdomain.
+pub fn bounded_export_name(value: &str) -> String {
+    if value.len() <= MAX_NAME {
+        return value.to_string();
+    }
+    let (head, hash) = cut(value, MAX_NAME);
+    let head = match head.strip_suffix('.') {
+        Some(before) => format!("{before}-"),
+        None => head.to_string(),
+    };
+    format!("{head}-{hash}")
+}
+
+/// The name earlier releases gave an export whose name had to be cut
+/// ([`bounded`]'s rule, which may end shorter than [`MAX_NAME`]): kept to
+/// recognise consumers rewritten to one.
+pub fn legacy_bounded_export_name(value: &str) -> String {
+    bounded(value, MAX_NAME)
+}
+
 /// `value` itself when it fits in `max` characters, otherwise its first part
 /// and a hash of the whole, ending in an alphanumeric character.
 fn bounded(value: &str, max: usize) -> String {
     if value.len() <= max {
         return value.to_string();
     }
+    let (head, hash) = cut(value, max);
+    let head = head.trim_end_matches(['-', '.']);
+    format!("{head}-{hash}")
+}
+
+/// The part of `value` a name cut to `max` keeps, and the hash of the
+/// whole that follows it after a `-`.
+fn cut(value: &str, max: usize) -> (&str, String) {
     let hash = hex::encode(Sha256::digest(value.as_bytes()));
-    let keep = max - HASH_LEN - 1;
     // Names are ASCII (DNS subdomains), but stay safe on any input.
-    let mut cut = keep;
+    let mut cut = max - HASH_LEN - 1;
     while !value.is_char_boundary(cut) {
         cut -= 1;
     }
-    let head = value[..cut].trim_end_matches(['-', '.']);
-    format!("{head}-{}", &hash[..HASH_LEN])
+    (&value[..cut], hash[..HASH_LEN].to_string())
 }
 
 #[cfg(test)]
@@ -116,6 +142,28 @@ mod tests {
         assert!(mirrored_source_of("gitrepository-").is_none());
         assert!(mirrored_source_of("web").is_none());
         assert!(mirrored_source_of("httpsource-web").is_none());
+    }
+
+    #[test]
+    fn a_cut_export_name_is_told_by_its_length() {
+        for name_len in 200..=253 {
+            for tail in ["a.kind.example.com", "x.k.g.io", "-.x"] {
+                let value = format!("{}{tail}", "n".repeat(name_len));
+                let name = bounded_export_name(&value);
+                if value.len() <= MAX_NAME {
+                    assert_eq!(name, value);
+                    continue;
+                }
+                assert_eq!(name.len(), MAX_NAME, "{value}");
+                assert!(!name.contains(".-") && !name.contains("-."), "{name}");
+                assert!(name.ends_with(|c: char| c.is_ascii_alphanumeric()));
+                assert_ne!(name, bounded_export_name(&format!("{value}x")));
+            }
+        }
+        // The earlier rule could end shorter, with no dot left to show.
+        let value = format!("{}.gizmo.e2e.example", "g".repeat(241));
+        assert_eq!(legacy_bounded_export_name(&value).len(), 252);
+        assert_eq!(bounded_export_name(&value).len(), MAX_NAME);
     }
 
     #[test]

@@ -193,17 +193,41 @@ fn references_are_read_as_the_sources_their_names_may_stand_for() {
 
 #[test]
 fn the_shape_test_matches_every_name_openflux_gives_a_source() {
-    for (group, kind, name) in [
-        ("source.openflux.dev", "HttpSource", "web"),
-        ("a.b", "K", "x"),
-        ("zz.example.test", "Widget", &*"n".repeat(250)),
-    ] {
-        let export = crate::names::identity::source_export_name(group, kind, name);
-        assert!(has_export_shape(&export), "{export}");
+    let mut sources = vec![
+        (
+            "source.openflux.dev".to_string(),
+            "HttpSource",
+            "web".to_string(),
+        ),
+        ("a.b".to_string(), "K", "x".to_string()),
+    ];
+    // Every length a name may have, against groups and kinds of several
+    // lengths, so that a cut lands on each part of the name and on its dots
+    // and dashes.
+    for len in 1..=253 {
+        for (group, kind) in [
+            ("zz.example.test", "Widget"),
+            ("e2e.example", "Gizmo"),
+            ("a-b.c-d.io", "X"),
+        ] {
+            let name = match len % 3 {
+                0 => "n".repeat(len),
+                1 => format!("{}-n", "m".repeat(len.saturating_sub(2))),
+                _ => format!("{}.n", "p".repeat(len.saturating_sub(2))),
+            };
+            sources.push((
+                group.to_string(),
+                kind,
+                name.trim_start_matches(['-', '.']).to_string(),
+            ));
+        }
     }
-    assert!(has_export_shape(
-        &crate::names::identity::artifact_export_name("a")
-    ));
+    for (group, kind, name) in &sources {
+        let export = crate::names::identity::source_export_name(group, kind, name);
+        assert!(has_export_shape(&export), "{export} ({})", export.len());
+        let export = crate::names::identity::artifact_export_name(name);
+        assert!(has_export_shape(&export), "{export} ({})", export.len());
+    }
     assert!(!has_export_shape("podinfo"));
     assert!(!has_export_shape("podinfo.v1.example"));
 }
