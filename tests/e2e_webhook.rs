@@ -416,6 +416,22 @@ async fn denials_name_openflux_and_say_what_to_change() {
         ],
     )
     .await;
+    // A typo in a kind with apiVersion: denied too, naming the kind meant.
+    let (group, _) = TEST_SOURCE.split_once('/').expect("group/version");
+    denied(
+        kustomization(
+            &n,
+            "typo",
+            json!({"apiVersion": TEST_SOURCE, "kind": "TestSourse", "name": "x"}),
+        ),
+        vec![
+            s("openflux:"),
+            format!("kind TestSourse of API group {group}"),
+            s("no API of this cluster serves"),
+            format!("the closest served: TestSource.{group}"),
+        ],
+    )
+    .await;
     denied(
         kustomization(&n, "dup", json!({"kind": "TestSource", "name": "dup"})),
         vec![

@@ -88,6 +88,34 @@ impl Resolver<'_> {
         }
     }
 
+    /// Denies a reference to `kind` of `group` when no API of the cluster
+    /// serves it (a typo would otherwise be rewritten to an export no
+    /// source ever fills, and wait for it silently). Not judged before the
+    /// survey's first reading.
+    fn served(&self, found: &Located<'_>, r: &SourceRef, group: &str) -> Result<(), Decision> {
+        let served = self
+            .facts
+            .groups_of(&r.kind)
+            .is_some_and(|groups| groups.contains(group));
+        if served || !self.facts.synced {
+            return Ok(());
+        }
+        let closest = closest_kinds(self.facts, &r.kind, group);
+        let hint = if closest.is_empty() {
+            String::new()
+        } else {
+            format!(" (the closest served: {})", closest.join(", "))
+        };
+        Err(Decision::Deny {
+            message: format!(
+                "openflux: {} refers to kind {} of API group {group} in {}, which no API of this \
+                 cluster serves{hint}; correct the kind or apiVersion, or install the CRD of that \
+                 source kind first (if you just did, apply again in a few seconds)",
+                self.display, r.kind, found.label
+            ),
+        })
+    }
+
     /// Where a reference to a (custom) source points.
     pub(super) fn source_target(
         &self,
@@ -110,7 +138,10 @@ impl Resolver<'_> {
             }),
             Ok(None) => {
                 let group = match r.group() {
-                    Some(g) => g.to_string(),
+                    Some(g) => {
+                        self.served(found, r, g)?;
+                        g.to_string()
+                    }
                     None => self.group_of(found, r, namespace)?,
                 };
                 let name = identity::source_export_name(&group, &r.kind, &r.name);
@@ -170,5 +201,94 @@ impl Resolver<'_> {
             }
             _ => self.export(self.index.export_name(artifact), None),
         }
+    }
+}
+
+/// Most kinds a denial names as the closest served.
+const CLOSEST: usize = 3;
+
+/// The served kinds closest to `kind` of `group`, as `Kind.group`: the same
+/// kind in other groups, then kinds spelled within two edits of it
+/// (ignoring case), then the group's other kinds; at most [`CLOSEST`].
+fn closest_kinds(facts: &Facts, kind: &str, group: &str) -> Vec<String> {
+    let lower = kind.to_ascii_lowercase();
+    let mut ranked: Vec<(usize, String)> = Vec::new();
+    for (served, groups) in &facts.kinds {
+        let distance = edit_distance(&lower, &served.to_ascii_lowercase());
+        for g in groups {
+            let rank = match (distance, g == group) {
+                (0, _) => 0,
+                (1..=2, true) => 1,
+                (1..=2, false) => 2,
+                (_, true) => 3,
+                _ => continue,
+            };
+            ranked.push((rank * 100 + distance.min(99), format!("{served}.{g}")));
+        }
+    }
+    ranked.sort();
+    ranked.into_iter().take(CLOSEST).map(|(_, k)| k).collect()
+}
+
+/// Levenshtein distance of two short strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = previous + usize::from(ca != *cb);
+            previous = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(previous + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distances() {
+        for (a, b, want) in [
+            ("", "", 0),
+            ("htpsource", "httpsource", 1),
+            ("httpsourse", "httpsource", 1),
+            ("gizmo", "widget", 5),
+            ("abc", "", 3),
+        ] {
+            assert_eq!(edit_distance(a, b), want, "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn the_closest_kinds_are_the_likely_meant_ones() {
+        let facts = Facts::everywhere(
+            crate::cluster::target::Target::ExternalArtifact,
+            &[
+                ("HttpSource", "sources.openflux.dev"),
+                ("Bucket", "sources.openflux.dev"),
+                ("HttpSource", "other.example"),
+                ("Widget", "widgets.example.com"),
+            ],
+        );
+        assert_eq!(
+            closest_kinds(&facts, "Htpsource", "sources.openflux.dev"),
+            [
+                "HttpSource.sources.openflux.dev",
+                "HttpSource.other.example",
+                "Bucket.sources.openflux.dev"
+            ]
+        );
+        assert_eq!(
+            closest_kinds(&facts, "HttpSource", "nowhere.example"),
+            [
+                "HttpSource.other.example",
+                "HttpSource.sources.openflux.dev"
+            ]
+        );
+        assert!(closest_kinds(&facts, "Zzz", "nowhere.example").is_empty());
     }
 }

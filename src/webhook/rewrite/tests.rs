@@ -106,6 +106,7 @@ fn facts_with(target: crate::cluster::target::Target) -> Facts {
         ("HttpSource", "other.example.com"),
         ("Widget", "widgets.example.com"),
         ("Artifact", "openflux.dev"),
+        ("Artifact", "other.example.com"),
     ] {
         facts
             .kinds
@@ -473,13 +474,28 @@ fn the_target_kind_follows_the_facts() {
 }
 
 #[test]
-fn an_unserved_kind_without_api_version_is_denied() {
+fn an_unserved_kind_is_denied_with_or_without_api_version() {
     let review = kustomization(json!({"kind": "Gadget", "name": "g"}));
     let message = denial(&decide_review(&review)).to_string();
     assert!(
         message.contains("no API of this cluster serves"),
         "{message}"
     );
+    // With apiVersion: a kind no API serves in that group is denied too,
+    // naming the kind, the group and the served kind meant.
+    let review = kustomization(json!({"apiVersion": HTTP, "kind": "Htpsource", "name": "web"}));
+    let message = denial(&decide_review(&review)).to_string();
+    for part in [
+        "kind Htpsource of API group sources.openflux.dev",
+        "no API of this cluster serves",
+        "the closest served: HttpSource.sources.openflux.dev",
+    ] {
+        assert!(message.contains(part), "{message}");
+    }
+    let review =
+        kustomization(json!({"apiVersion": "elsewhere.example/v1", "kind": "Widget", "name": "w"}));
+    let message = denial(&decide_review(&review)).to_string();
+    assert!(message.contains("Widget.widgets.example.com"), "{message}");
     // Served in one group: resolved through it before any Artifact exists.
     let review = kustomization(json!({"kind": "Widget", "name": "w"}));
     let stored = apply(&object_of(&review), &decide_review(&review));
