@@ -145,6 +145,64 @@ async fn a_connection_that_never_finishes_its_handshake_does_not_hold_shutdown()
     assert!(took < bound, "shutdown took {took:?}");
 }
 
+/// A TLS connection to `addr` that finished its handshake and sends
+/// nothing.
+async fn idle_tls(addr: SocketAddr) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        tls_over(tcp).await
+    })
+    .await
+    .ok()?
+}
+
+async fn tls_over(tcp: TcpStream) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
+    let config = rustls::ClientConfig::builder_with_provider(openflux::certs::provider())
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny))
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").ok()?, tcp)
+        .await
+        .ok()
+}
+
+/// Connections that finish their handshake and never send a request hold
+/// no place the API server's need: with 2,000 of them open, a new client
+/// is answered within the API server's timeout for a webhook (5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_requests_out() {
+    use futures::StreamExt;
+    let server = start().await;
+    let idle: Vec<_> = futures::stream::iter(0..2000)
+        .map(|_| idle_tls(server.addr))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let held = idle.iter().filter(|c| c.is_some()).count();
+    assert!(
+        held >= 1900,
+        "only {held} of 2,000 idle connections finished their handshake"
+    );
+    let bound = Duration::from_secs(5);
+    let started = Instant::now();
+    let fresh = async {
+        let mut sender = client(server.addr).await;
+        post(&mut sender, Body::from("{"), None).await.0
+    };
+    let answer = tokio::time::timeout(bound, fresh).await;
+    assert_eq!(
+        answer.ok(),
+        Some(400),
+        "a new client, after {:?}",
+        started.elapsed()
+    );
+    drop(idle);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bodies_over_the_limit_are_refused_before_they_are_read() {
     let server = start().await;

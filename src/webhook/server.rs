@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
@@ -40,16 +40,27 @@ pub const MUTATE_PATH: &str = "/mutate";
 /// Path the API server posts AdmissionReviews of the validating webhook to.
 pub const VALIDATE_PATH: &str = "/validate";
 /// Time a client gets to finish the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a new connection gets, from its accept, to send its first request:
+/// the API server sends one as soon as its handshake is done. Until then a
+/// connection holds no place of its own ([`MAX_CONNECTIONS`]).
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client gets to send the headers of a request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a connection may sit with no request in flight before it is
+/// closed: longer than the API server keeps an idle connection (Go's 90 s),
+/// so it closes its own first and never sends on one closing here.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Time one request gets, from its headers to the answer: the webhook
 /// configuration's `timeoutSeconds` (5). Past it the answer is 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time a request waits for room among the requests in flight before it
 /// is answered 429 with `Retry-After: 1` (the API server retries a 429).
 pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
-/// Connections open at once; past it, new ones wait in the listen backlog.
+/// Connections open at once. Past it, a new connection takes the place of
+/// the oldest that has not sent a request yet, so connections that only
+/// connect cannot keep the API server's out; when every one has sent a
+/// request, the new one is closed.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Time requests in flight get to finish at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -253,7 +264,7 @@ pub async fn serve_tls(
     let acceptor = TlsAcceptor::from(tls);
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let waiting = super::drain::Waiting::default();
     let logs = LogBudget::default();
     let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let app = app.layer(axum::middleware::from_fn_with_state(
@@ -271,17 +282,18 @@ pub async fn serve_tls(
             () = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)),
                 if drain_until.is_some() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            (slot, accepted) = super::drain::accept(&listener, &slots) => match accepted {
+            accepted = listener.accept(),
+                if connections.len() < MAX_CONNECTIONS || !waiting.is_empty() => match accepted {
                 Ok((tcp, peer)) => {
+                    if connections.len() >= MAX_CONNECTIONS && !waiting.evict_oldest() {
+                        // Every connection has sent a request since the guard.
+                        drop(tcp);
+                        continue;
+                    }
                     let span = tracing::debug_span!("connection", %peer);
-                    let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone());
-                    connections.spawn(
-                        async move {
-                            serve.await;
-                            drop(slot);
-                        }
-                        .instrument(span),
-                    );
+                    let first = waiting.enter();
+                    let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone(), first);
+                    connections.spawn(serve.instrument(span));
                 }
                 Err(error) => {
                     // For example too many open files: back off instead of spinning.
@@ -314,8 +326,10 @@ async fn connection(
     peer: SocketAddr,
     app: Router,
     mut stop: watch::Receiver<()>,
+    first: super::drain::FirstRequest,
 ) {
     let _ = tcp.set_nodelay(true);
+    let deadline = tokio::time::Instant::now() + FIRST_REQUEST_TIMEOUT;
     // A handshake under way at shutdown has no request in flight: drop it.
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
     let tls = tokio::select! {
@@ -331,6 +345,7 @@ async fn connection(
             }
         },
         _ = stop.changed() => return,
+        () = first.evicted() => return,
     };
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -343,21 +358,41 @@ async fn connection(
         .max_concurrent_streams(256)
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
-    let service = TowerToHyperService::new(app);
+    let activity = super::drain::Activity::new(first);
+    let service = TowerToHyperService::new(activity.track(app));
     let conn = builder.serve_connection(TokioIo::new(tls), service);
     tokio::pin!(conn);
-    tokio::select! {
-        result = conn.as_mut() => {
-            if let Err(error) = result {
-                tracing::debug!(%peer, %error, "webhook connection ended with an error");
+    let mut idle_check = tokio::time::interval(IDLE_TIMEOUT / 4);
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "webhook connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed() => break,
+            // Nothing asked yet: the place goes to a newer connection, or
+            // the time for a first request is up.
+            () = activity.evicted(), if !activity.asked() => {
+                tracing::debug!(%peer, "connection without a request closed for a newer one");
+                return;
+            }
+            () = tokio::time::sleep_until(deadline), if !activity.asked() => {
+                tracing::debug!(%peer, "connection sent no request in time");
+                return;
+            }
+            _ = idle_check.tick() => {
+                if activity.idle_for() > IDLE_TIMEOUT {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    break;
+                }
             }
         }
-        _ = stop.changed() => {
-            conn.as_mut().graceful_shutdown();
-            if let Err(error) = conn.await {
-                tracing::debug!(%peer, %error, "webhook connection ended with an error");
-            }
-        }
+    }
+    conn.as_mut().graceful_shutdown();
+    if let Err(error) = conn.await {
+        tracing::debug!(%peer, %error, "webhook connection ended with an error");
     }
 }
 
