@@ -504,23 +504,39 @@ async fn openflux_writes_no_secret_but_its_certificates() {
 
 /// A custom source kind whose producer lets openflux patch it (a ClusterRole
 /// aggregated into openflux's `openflux-sources`, as the HttpSource
-/// manifests ship one; this one also grants delete): openflux hands a
-/// reconcile request set on the export on to the source, under the policy,
-/// and its credentials change nothing else of the source: not its spec,
-/// not its labels, and they delete nothing.
+/// manifests ship one; this one also grants delete and the status
+/// subresource): openflux hands a reconcile request set on the export on to
+/// the source, under the policy, and its credentials change nothing else of
+/// the source: not its spec, its labels or its status, and they delete
+/// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_hands_on_only_reconcile_requests_to_custom_sources() {
     const GROUP: &str = "widgets.privilege.e2e.openflux.dev";
     let source_api = format!("{GROUP}/v1");
     let env = cluster().await;
     install(&env).await;
-    support::install_test_source_crd(&env, GROUP).await;
+    // The TestSource CRD, with a status subresource.
+    env.apply(&json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("testsources.{GROUP}")},
+        "spec": {
+            "group": GROUP, "scope": "Namespaced",
+            "names": {"kind": "TestSource", "plural": "testsources", "singular": "testsource"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .await
+    .expect("the TestSource CRD");
     support::wait_established(&env, &[&format!("testsources.{GROUP}")]).await;
     let role = support::unique_name("privilege-source-requests");
     env.apply(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": role, "labels": {"openflux.dev/aggregate-to-openflux": "true"}},
-        "rules": [{"apiGroups": [GROUP], "resources": ["testsources"],
+        "rules": [{"apiGroups": [GROUP], "resources": ["testsources", "testsources/status"],
                    "verbs": ["get", "patch", "update", "delete"]}]
     }))
     .await
@@ -641,6 +657,18 @@ async fn openflux_hands_on_only_reconcile_requests_to_custom_sources() {
         api.delete("shop", &DeleteParams::default()).await,
     );
     assert!(message.contains("refused to delete it"), "{message}");
+    // Nor its status, though RBAC grants it: the policy holds subresources.
+    let message = refusal(
+        "writing the source's status",
+        policy,
+        api.patch_status(
+            "shop",
+            &pp,
+            &Patch::Merge(json!({"status": {"observedGeneration": 42}})),
+        )
+        .await,
+    );
+    assert!(message.contains("refused an update"), "{message}");
     let now = env
         .find(&source_api, "TestSource", &n, "shop")
         .await

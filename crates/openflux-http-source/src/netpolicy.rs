@@ -143,6 +143,10 @@ pub const BLOCKED: &[(Cidr, &str)] = &[
         "site-local (deprecated)",
     ),
     (Cidr::v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8), "multicast"),
+    (
+        Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+        "NAT64 local use (RFC 8215)",
+    ),
 ];
 
 /// The IPv4 address an IPv6 address carries, where it reaches that IPv4
@@ -411,6 +415,8 @@ mod tests {
             ("::ffff:10.0.0.1", "private"),
             ("64:ff9b::a9fe:a9fe", "link-local"),
             ("::127.0.0.1", "loopback"),
+            ("64:ff9b:1::a00:1", "NAT64 local use"),
+            ("64:ff9b:1:ffff::1", "NAT64 local use"),
         ] {
             match p.check_ip("h", ip(addr)) {
                 Err(Blocked::Address {
