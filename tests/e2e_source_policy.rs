@@ -134,10 +134,11 @@ async fn exported_widget(env: &Env, ns: &str, name: &str) -> Value {
         }))
         .await
         .expect("creating the TestSource");
+    // The tarball is named after the source, cut to a file name's length.
     let spec = support::openflux::publish(
         env.fixtures(),
         ns,
-        name,
+        &name[..name.len().min(64)],
         "v1",
         &[("configmap.yaml", &support::configmap_yaml(name))],
     );
@@ -313,6 +314,45 @@ async fn tenants_use_only_the_source_kinds_their_policies_allow_however_they_ref
         validating,
         &policy_a,
         &widget_kind,
+    );
+
+    // A source whose export's name is cut to fit (a 241-character name:
+    // the cut lands on the dot after it) is judged like any other: by kind
+    // and by the export's name, and by kind in a namespace openflux has no
+    // Artifact of it in.
+    let long = "l".repeat(241);
+    let real_long = exported_widget(&env, &na, &long).await;
+    let cut = openflux::names::identity::source_export_name(WIDGET_GROUP, "TestSource", &long);
+    assert_eq!((real_long["name"].as_str(), cut.len()), (Some(&*cut), 253));
+    assert_denied(
+        "A refers to its long-named TestSource by kind",
+        admit(&env, &na, &widget_ref(&long)).await,
+        mutating,
+        &policy_a,
+        &widget_kind,
+    );
+    assert_denied(
+        "A names its long-named TestSource's export",
+        admit(&env, &na, &real_long).await,
+        validating,
+        &policy_a,
+        &widget_kind,
+    );
+    let mut elsewhere = widget_ref(&long);
+    elsewhere["namespace"] = json!(nb);
+    match admit(&env, &na, &elsewhere).await {
+        Ok(()) => panic!("A refers to a long-named TestSource of B by kind: admitted"),
+        Err(message) => assert!(
+            message.contains(&format!("admission webhook \"{mutating}\" denied"))
+                && message.contains(&policy_a),
+            "{message}"
+        ),
+    }
+    let mut from_b = widget_ref(&long);
+    from_b["namespace"] = json!(na);
+    assert_admitted(
+        "B refers to A's long-named TestSource",
+        admit(&env, &nb, &from_b).await,
     );
 
     // Flux's own sources are not restricted, and a namespace no policy

@@ -486,3 +486,143 @@ async fn denials_name_openflux_and_say_what_to_change() {
     );
     ns.delete().await;
 }
+
+/// Artifacts a tenant may write with values the API server's validation
+/// takes but a strict decoder refuses (date-time forms of its own parser,
+/// int64 extremes, negative sizes, deep and large `exportedInputs`,
+/// unicode, the longest names): a replica started after them, with the
+/// running one stopped, turns ready within 30 s, still exports the good
+/// source, and its webhook admits a Kustomization naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_odd_artifacts_keep_no_replica_from_starting() {
+    let env = cluster().await;
+    install_crds(&env).await;
+    let ns = env.namespace("wh-odd").await;
+    let n = ns.name().to_string();
+    let addr = support::openflux::free_addr();
+    let webhook = support::webhook::local_webhook(&env, "openflux-e2e", &n, addr).await;
+    let args: Vec<String> = vec![
+        "--watch-all-namespaces=false".into(),
+        format!("--namespace={n}"),
+        format!("--webhook-addr={addr}"),
+        format!("--webhook-configuration={}", webhook.name),
+        "--verify-artifact-writers=true".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut first = Openflux::start(&env, &n, &args).await;
+    publish_source(
+        &env,
+        env.fixtures(),
+        &n,
+        "good",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("good"))],
+    )
+    .await;
+    support::exports::wait_export(&env, &n, "good", |_| true).await;
+
+    // A tenant who may write Artifacts in the namespace, nothing more.
+    let rbac = "rbac.authorization.k8s.io/v1";
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "tenant", "namespace": n}}),
+        json!({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "tenant", "namespace": n},
+               "rules": [{"apiGroups": ["openflux.dev"], "resources": ["artifacts"],
+                          "verbs": ["create", "get", "list", "watch", "update", "patch"]}]}),
+        json!({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "tenant", "namespace": n},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+               "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": n}]}),
+    ] {
+        env.apply(&obj).await.expect("the tenant's RBAC");
+    }
+    let tenant = support::identity::acting_as(&env, &n, "tenant");
+    let artifacts: Api<DynamicObject> =
+        support::dynamic_api(&tenant, ARTIFACT, "Artifact", Some(&n))
+            .await
+            .expect("discovery")
+            .0;
+    let mut deep = json!("bottom");
+    for _ in 0..60 {
+        deep = json!({"level": deep});
+    }
+    let large: serde_json::Map<String, Value> = (0..2000)
+        .map(|i| (format!("key-{i}"), json!("v".repeat(40))))
+        .collect();
+    let long = |c: char| c.to_string().repeat(253);
+    let odd = [
+        (
+            "t-fraction",
+            json!({"lastUpdateTime": "2024-01-01T00:00:00.1234567890123Z"}),
+        ),
+        (
+            "t-separator",
+            json!({"lastUpdateTime": "2024-01-01T00:00:00x1Z"}),
+        ),
+        ("t-lower", json!({"lastUpdateTime": "2024-01-01t00:00:00z"})),
+        (
+            "t-offset",
+            json!({"lastUpdateTime": "2024-01-01T00:00:00+99:99"}),
+        ),
+        ("size-max", json!({"size": i64::MAX})),
+        ("size-min", json!({"size": i64::MIN})),
+        ("size-negative", json!({"size": -1})),
+        (
+            "unicode",
+            json!({"revision": "版本@sha256:ü", "metadata": {"ключ": "値 🚀"}}),
+        ),
+        ("inputs-deep", json!({"exportedInputs": {"deep": deep}})),
+        ("inputs-large", json!({"exportedInputs": large})),
+        (
+            &*long('a'),
+            json!({"lastUpdateTime": "2024-01-01T00:00:00.9z"}),
+        ),
+    ];
+    for (name, extra) in &odd {
+        let mut spec = json!({"url": "http://127.0.0.1:1/odd.tar.gz", "revision": "odd",
+                              "digest": "sha256:00"});
+        for (k, v) in extra.as_object().expect("fields") {
+            spec[k] = v.clone();
+        }
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": ARTIFACT, "kind": "Artifact",
+            "metadata": {"name": name, "namespace": n}, "spec": spec,
+        }))
+        .expect("an Artifact");
+        artifacts
+            .create(&Default::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("the API server refused Artifact {name}: {e}"));
+    }
+
+    // Every replica restarted: the running one stopped, a new one started.
+    first.stop();
+    let started = std::time::Instant::now();
+    let second = Openflux::start(&env, &n, &args).await;
+    let took = started.elapsed();
+    assert!(
+        took <= std::time::Duration::from_secs(30),
+        "the new replica took {took:?} to turn ready"
+    );
+    let log = second.log_tail(2000);
+    assert!(!log.contains("unparsed input"), "{log}");
+    // The good source is still exported, and referred to through the new
+    // replica's webhook.
+    support::exports::wait_export(&env, &n, "good", |_| true).await;
+    let stored = dry_run(
+        &env,
+        &kustomization(
+            &n,
+            "uses-good",
+            json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "good"}),
+        ),
+    )
+    .await
+    .expect("a Kustomization naming the good source admitted");
+    assert_eq!(
+        stored.data["spec"]["sourceRef"]["name"],
+        json!("good.testsource.e2e.openflux.dev")
+    );
+    drop(second);
+    drop(webhook);
+    ns.delete().await;
+}
