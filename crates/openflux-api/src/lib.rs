@@ -166,9 +166,9 @@ pub struct ArtifactSpec {
     /// Size of the file in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<i64>,
-    /// When the producer last updated the artifact. Read as the API
-    /// server's `date-time` check reads it ([`timestamp::parse`]); a value
-    /// that cannot be read is absent.
+    /// When the producer last updated the artifact.
+    // Read as the API server's `date-time` check reads it
+    // (`timestamp::parse`): a value that cannot be read is absent.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
