@@ -25,7 +25,7 @@ demo-down:
 # (ports 18xxx and 19xxx; the lockdown cell of tests/e2e_lockdown.rs 21xxx;
 # see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
-test: lint cluster-up
+test: lint cluster-up chart-check
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
 	  rc=$$?; $(CLUSTER) cells down; exit $$rc
 
@@ -81,3 +81,26 @@ manifests-artifact:
 	@[ -n "$(OPENFLUX_IMAGE)" ] && [ -n "$(HTTP_SOURCE_IMAGE)" ] || \
 	  { echo "make manifests-artifact OPENFLUX_IMAGE=<registry>/openflux@sha256:... HTTP_SOURCE_IMAGE=<registry>/openflux-http-source@sha256:..." >&2; exit 2; }
 	images/manifests "$(OPENFLUX_IMAGE)" "$(HTTP_SOURCE_IMAGE)"
+
+# A release (docs/release.md): `make release VERSION=X.Y.Z
+# REGISTRY=<host>[:port]/<owner>` writes target/dist/X.Y.Z/: both images as
+# linux/amd64 + linux/arm64 indexes with SBOMs, install.yaml, the Helm
+# chart, the Flux manifests artifact and SHA256SUMS. `make publish` (same
+# VERSION and REGISTRY) pushes that bundle by digest. The release workflow
+# runs exactly these two targets on a version tag.
+.PHONY: release publish chart-check
+release:
+	@[ -n "$(VERSION)" ] && [ -n "$(REGISTRY)" ] || \
+	  { echo "make release VERSION=X.Y.Z REGISTRY=<host>[:port]/<owner>" >&2; exit 2; }
+	CARGO="$(CARGO)" release/release "$(VERSION)" "$(REGISTRY)"
+
+publish:
+	@[ -n "$(VERSION)" ] && [ -n "$(REGISTRY)" ] || \
+	  { echo "make publish VERSION=X.Y.Z REGISTRY=<host>[:port]/<owner>" >&2; exit 2; }
+	release/publish "$(VERSION)" "$(REGISTRY)"
+
+# The chart's render against kustomize's (release/check-chart), with
+# placeholder digests and no image build: part of `make test`. Builds helm
+# once (from its Go module, into the control plane's cache).
+chart-check:
+	release/check

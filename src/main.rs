@@ -14,10 +14,19 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `openflux --version`: the release and the commit it was built from
+/// (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("OPENFLUX_BUILD_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "openflux",
-    version,
+    version = VERSION,
     about = "Opens upstream Flux to custom source types"
 )]
 struct Cli {

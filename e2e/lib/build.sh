@@ -104,6 +104,7 @@ build_recipe() {
     kubernetes | kubernetes-node) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
     flux-cli) echo "go1.26+ cgo-off trimpath ldflags-v2 flux-version-stamp placeholder-manifests-v2" ;;
     spire) echo "go1.26+ cgo-on trimpath ldflags-v2" ;;
+    helm | cosign) echo "go1.26+ cgo-off trimpath ldflags-v2 version-stamp" ;;
     *) echo "go1.26+ cgo-off trimpath ldflags-v2" ;;
   esac
 }
@@ -249,6 +250,9 @@ build_binary() {
     kubernetes | kubernetes-node) ldflags=$(kube_ldflags "$w") ;;
     # SPIRE's sqlite3 datastore (github.com/mattn/go-sqlite3) is cgo.
     spire) cgo=1 ;;
+    # The release's tools report the version they were built from.
+    helm) ldflags+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
+    cosign) ldflags+=" -X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION" ;;
     flux-cli)
       ldflags+=" -X main.VERSION=${FLUX_CLI_VERSION#v}"
       flux_cli_module "$tmp"
@@ -470,4 +474,53 @@ flux_2_10_crds() {
     mv -T "$tmp" "$dir" 2>/dev/null || rm -rf "$tmp"
   fi
   echo "$dir"
+}
+
+# ------------------------------------------------------- release tools ----
+# What `make release` and `make publish` run beside kubectl (release/tools,
+# docs/release.md): helm (chart render, lint, push), oras (pushes by digest)
+# and cosign (signatures), each from its wrapper module, built on demand
+# into the same cache as the control plane; kubectl is the control plane's
+# own (wrapper kubernetes), so a machine that ran the tests has it already.
+RELEASE_TOOLS=(
+  "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl"
+  "helm|helm|helm.sh/helm/v3/cmd/helm"
+  "oras|oras|oras.land/oras/cmd/oras"
+  "cosign|cosign|github.com/sigstore/cosign/v2/cmd/cosign"
+)
+
+# build_release_tools NAME...: builds what is missing of those tools and
+# prints the path of each, one a line, in the order asked.
+build_release_tools() {
+  local want entry name wrapper pkg found todo=() i=0
+  for want in "$@"; do
+    found=
+    for entry in "${RELEASE_TOOLS[@]}"; do
+      IFS='|' read -r name wrapper pkg <<<"$entry"
+      [ "$name" = "$want" ] || continue
+      found=$entry
+      hash_wrapper "$wrapper"
+      [ -x "$(binary_path "$name" "$wrapper")" ] || todo+=("$entry")
+    done
+    [ -n "$found" ] || die "no release tool named '$want' (known: kubectl helm oras cosign)"
+  done
+  if [ ${#todo[@]} -gt 0 ]; then
+    check_go
+    require_version kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
+    require_version helm helm.sh/helm/v3 "$HELM_VERSION"
+    require_version oras oras.land/oras "$ORAS_VERSION"
+    require_version cosign github.com/sigstore/cosign/v2 "$COSIGN_VERSION"
+  fi
+  for entry in "${todo[@]}"; do
+    IFS='|' read -r name wrapper pkg <<<"$entry"
+    i=$((i + 1))
+    build_binary "$name" "$wrapper" "$pkg" "$i/${#todo[@]}" >&2
+  done
+  for want in "$@"; do
+    for entry in "${RELEASE_TOOLS[@]}"; do
+      IFS='|' read -r name wrapper _ <<<"$entry"
+      [ "$name" = "$want" ] && binary_path "$name" "$wrapper"
+    done
+  done
+  return 0
 }

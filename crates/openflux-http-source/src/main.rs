@@ -57,10 +57,19 @@ use crate::metrics::SourceMetrics;
 use crate::netpolicy::{Cidr, NetworkPolicy};
 use crate::serve::Catalog;
 
+/// `openflux-http-source --version`: the release and the commit it was
+/// built from (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("OPENFLUX_BUILD_COMMIT"),
+    ")"
+);
+
 /// The HttpSource controller: fetches tar.gz archives or YAML files over
 /// HTTP(S) and publishes them as openflux Artifacts.
 #[derive(Parser, Debug)]
-#[command(name = "openflux-http-source", version)]
+#[command(name = "openflux-http-source", version = VERSION)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
