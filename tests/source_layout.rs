@@ -101,6 +101,9 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("webhook::publish", Layer::Shell),
+    ("runtime::backoff", Layer::Pure),
+    ("runtime::decoded", Layer::Shell),
+    ("runtime::process", Layer::Runtime),
     ("runtime::streaming", Layer::Shell),
     ("runtime::watch", Layer::Shell),
     ("policy::watch", Layer::Shell),
@@ -154,6 +157,7 @@ const CRATES: &[Crate] = &[
 const API_LAYERS: &[(&str, Layer)] = &[
     ("conditions", Layer::Api),
     ("duration", Layer::Api),
+    ("timestamp", Layer::Api),
     ("policy", Layer::Api),
     ("runtime::id", Layer::Api),
     ("runtime::retry", Layer::Pure),

@@ -12,12 +12,16 @@
 //!   [`streaming`]'s watcher), and the hub that applies what the router decided;
 //! - [`wakes`]: the queue of wakes for the leader, without loss, each once;
 //! - [`leader`]: the leader's mirrors and export controller;
+//! - [`decoded`]: objects that cannot be decoded, set aside one at a time;
+//! - [`process`]: the signal handler and the Event recorder;
 //! - [`flags`]: the command line.
 
 pub mod allocator;
+pub mod backoff;
 pub mod decoded;
 pub mod flags;
 pub mod leader;
+pub mod process;
 pub mod router;
 pub mod streaming;
 pub mod wakes;
@@ -26,13 +30,11 @@ pub mod watch;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use kube::Client;
-use openflux_api::runtime::events::{Notifier, RetryPolicy};
 use openflux_api::runtime::leader::Elector;
+use openflux_api::runtime::EventRecorder;
 use openflux_api::runtime::LeaderElectionArgs;
-use openflux_api::runtime::{EventRecorder, RuntimeArgs};
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -105,7 +107,7 @@ where
     let readiness = Arc::new(Readiness::default());
     readiness.register(&mut registry);
     let (terms, leading) = tokio::sync::watch::channel(None);
-    let events = event_recorder(&client, runtime)?;
+    let events = process::event_recorder(&client, runtime)?;
     let (rejects, rejected) = decoded::Rejects::channel(&mut registry);
     let shared = Shared {
         client: client.clone(),
@@ -118,7 +120,7 @@ where
         events: events.clone(),
     };
     let shutdown = shared.shutdown.clone();
-    spawn_signal_handler(shutdown.clone());
+    process::spawn_signal_handler(shutdown.clone());
     tokio::spawn(rejected.run(events.clone(), shutdown.clone()));
     let extra = spawn_service(extra(&shared), shutdown.clone());
 
@@ -351,56 +353,6 @@ async fn campaign(
             "rejoining the leader election"
         );
     }
-}
-
-fn spawn_signal_handler(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = tokio::signal::ctrl_c() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-        tracing::info!("shutdown signal received; stopping");
-        shutdown.cancel();
-    });
-}
-
-/// Kubernetes Events as `openflux`, and with `--events-addr` the same posted
-/// to notification-controller.
-fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<EventRecorder> {
-    let notifier = match runtime.events_url() {
-        Some(url) => {
-            // The events receiver is plain HTTP in Flux's installs; HTTPS
-            // needs a TLS provider.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let http = reqwest::Client::builder()
-                .build()
-                .map_err(|e| anyhow::anyhow!("cannot build the events client: {e}"))?;
-            Some(Notifier::spawn(url, http, RetryPolicy::default()))
-        }
-        None => None,
-    };
-    let reporter = Reporter {
-        controller: "openflux".into(),
-        instance: std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .ok(),
-    };
-    Ok(EventRecorder::new(client.clone(), reporter, notifier))
 }
 
 #[cfg(test)]

@@ -1,0 +1,59 @@
+//! What every `openflux run` process sets up for itself: the handler that
+//! turns SIGTERM or SIGINT into a shutdown, and its Event recorder.
+
+use kube::runtime::events::Reporter;
+use kube::Client;
+use openflux_api::runtime::events::{Notifier, RetryPolicy};
+use openflux_api::runtime::{EventRecorder, RuntimeArgs};
+use tokio_util::sync::CancellationToken;
+
+/// Cancels `shutdown` at the first SIGTERM or SIGINT.
+pub fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received; stopping");
+        shutdown.cancel();
+    });
+}
+
+/// Kubernetes Events as `openflux`, and with `--events-addr` the same posted
+/// to notification-controller.
+pub fn event_recorder(client: &Client, runtime: &RuntimeArgs) -> anyhow::Result<EventRecorder> {
+    let notifier = match runtime.events_url() {
+        Some(url) => {
+            // The events receiver is plain HTTP in Flux's installs; HTTPS
+            // needs a TLS provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = reqwest::Client::builder()
+                .build()
+                .map_err(|e| anyhow::anyhow!("cannot build the events client: {e}"))?;
+            Some(Notifier::spawn(url, http, RetryPolicy::default()))
+        }
+        None => None,
+    };
+    let reporter = Reporter {
+        controller: "openflux".into(),
+        instance: std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .ok(),
+    };
+    Ok(EventRecorder::new(client.clone(), reporter, notifier))
+}
