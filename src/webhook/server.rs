@@ -41,14 +41,10 @@ pub const MUTATE_PATH: &str = "/mutate";
 pub const VALIDATE_PATH: &str = "/validate";
 /// Time a client gets to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time a new connection gets, from its accept, to send its first request:
-/// the API server sends one as soon as its handshake is done. Until then a
-/// connection holds no place of its own ([`MAX_CONNECTIONS`]).
-pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client gets to send the headers of a request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time a connection may sit with no request in flight before it is
-/// closed: longer than the API server keeps an idle connection (Go's 90 s),
+/// Time a connection may sit with no request in flight (from its accept,
+/// or from its last request) before it is closed: longer than the API server keeps an idle connection (Go's 90 s),
 /// so it closes its own first and never sends on one closing here.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Time one request gets, from its headers to the answer: the webhook
@@ -329,7 +325,6 @@ async fn connection(
     first: super::drain::FirstRequest,
 ) {
     let _ = tcp.set_nodelay(true);
-    let deadline = tokio::time::Instant::now() + FIRST_REQUEST_TIMEOUT;
     // A handshake under way at shutdown has no request in flight: drop it.
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
     let tls = tokio::select! {
@@ -372,14 +367,9 @@ async fn connection(
                 return;
             }
             _ = stop.changed() => break,
-            // Nothing asked yet: the place goes to a newer connection, or
-            // the time for a first request is up.
+            // Nothing asked yet: the place goes to a newer connection.
             () = activity.evicted(), if !activity.asked() => {
                 tracing::debug!(%peer, "connection without a request closed for a newer one");
-                return;
-            }
-            () = tokio::time::sleep_until(deadline), if !activity.asked() => {
-                tracing::debug!(%peer, "connection sent no request in time");
                 return;
             }
             _ = idle_check.tick() => {

@@ -88,16 +88,23 @@ impl Resolver<'_> {
         }
     }
 
-    /// Denies a reference to `kind` of `group` when no API of the cluster
-    /// serves it (a typo would otherwise be rewritten to an export no
-    /// source ever fills, and wait for it silently). Not judged before the
-    /// survey's first reading.
+    /// Denies a reference to `kind` of `group` when the cluster serves that
+    /// API group but no such kind in it (a typo would otherwise be
+    /// rewritten to an export no source ever fills, and wait for it
+    /// silently). A group no API serves at all is taken for a CRD not
+    /// installed yet: rewritten, with the warning that the source has no
+    /// Artifact. Not judged before the survey's first reading.
     fn served(&self, found: &Located<'_>, r: &SourceRef, group: &str) -> Result<(), Decision> {
         let served = self
             .facts
             .groups_of(&r.kind)
             .is_some_and(|groups| groups.contains(group));
-        if served || !self.facts.synced {
+        let group_served = self
+            .facts
+            .kinds
+            .values()
+            .any(|groups| groups.contains(group));
+        if served || !group_served || !self.facts.synced {
             return Ok(());
         }
         let closest = closest_kinds(self.facts, &r.kind, group);

@@ -492,10 +492,19 @@ fn an_unserved_kind_is_denied_with_or_without_api_version() {
     ] {
         assert!(message.contains(part), "{message}");
     }
+    let review = kustomization(
+        json!({"apiVersion": "widgets.example.com/v1", "kind": "Widgets", "name": "w"}),
+    );
+    let message = denial(&decide_review(&review)).to_string();
+    assert!(
+        message.contains("the closest served: Widget.widgets.example.com"),
+        "{message}"
+    );
+    // A group no API serves yet (its CRD not installed): rewritten, with
+    // the warning that Flux waits for the export.
     let review =
         kustomization(json!({"apiVersion": "elsewhere.example/v1", "kind": "Widget", "name": "w"}));
-    let message = denial(&decide_review(&review)).to_string();
-    assert!(message.contains("Widget.widgets.example.com"), "{message}");
+    assert_eq!(warnings(&decide_review(&review)).len(), 1);
     // Served in one group: resolved through it before any Artifact exists.
     let review = kustomization(json!({"kind": "Widget", "name": "w"}));
     let stored = apply(&object_of(&review), &decide_review(&review));
