@@ -15,7 +15,7 @@ ARG BASE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY benches ./benches
 COPY crates ./crates

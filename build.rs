@@ -1,8 +1,9 @@
-//! Records the commit openflux is built from, for `openflux --version`.
-//!
-//! `OPENFLUX_BUILD_COMMIT` wins when set (a build from a source tarball, or
-//! one that must name its commit explicitly); otherwise `git rev-parse HEAD`
-//! in the source tree; a tree without git metadata builds as "unknown".
+// Records the commit a binary of this workspace is built from, for its
+// `--version` (openflux here; openflux-http-source includes this file).
+//
+// `OPENFLUX_BUILD_COMMIT` wins when set (a build from a source tarball, or
+// one that must name its commit explicitly); otherwise `git rev-parse HEAD`
+// in the source tree; a tree without git metadata builds as "unknown".
 
 use std::path::Path;
 use std::process::Command;
