@@ -52,7 +52,8 @@ enum Command {
     /// Print the CustomResourceDefinitions of openflux's API as YAML.
     Crds {
         /// Print the SourcePolicy CRD instead of the Artifact CRD.
-        #[arg(long)]
+        #[rustfmt::skip]
+        #[arg(long, default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = openflux_api::runtime::flags::parse_go_bool)]
         source_policy: bool,
     },
     /// Write a CA and a serving certificate for the webhook.
@@ -146,6 +147,16 @@ mod tests {
     fn deployment_args() -> Vec<String> {
         let args = &deployment()["spec"]["template"]["spec"]["containers"][0]["args"];
         serde_json::from_value(args.clone()).unwrap()
+    }
+
+    /// Every flag stands alone or takes `=true`/`=false` as in Go, and
+    /// every listen address takes `:port`.
+    #[test]
+    fn every_flag_takes_fluxs_forms() {
+        use clap::CommandFactory;
+        let problems =
+            openflux_api::runtime::flags::flag_form_problems(&Cli::command(), &["events-addr"]);
+        assert_eq!(problems, Vec::<String>::new());
     }
 
     /// The Deployment's shutdown timings cover openflux's own bounds: the
@@ -285,6 +296,34 @@ mod tests {
         assert_eq!(
             (runtime.metrics_addr.port(), runtime.health_addr.port()),
             (8080, 9440)
+        );
+    }
+
+    /// openflux's Events reach notification-controller (Alerts, `flux
+    /// events`), at the address the HttpSource controller's Deployment and
+    /// Flux's own controllers use.
+    #[test]
+    fn the_shipped_deployment_sends_events_to_notification_controller() {
+        let events_addr = |path: &str| {
+            let text =
+                std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+            let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+            let args: Vec<String> = serde_json::from_value(
+                deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+            )
+            .unwrap();
+            args.iter()
+                .find_map(|a| a.strip_prefix("--events-addr=").map(str::to_string))
+        };
+        let openflux = events_addr("manifests/deployment.yaml");
+        assert_eq!(
+            openflux,
+            events_addr("manifests/http-source/deployment.yaml")
+        );
+        let url = openflux.expect("manifests/deployment.yaml sets --events-addr");
+        assert!(
+            url.starts_with("http://notification-controller.flux-system."),
+            "{url}"
         );
     }
 }

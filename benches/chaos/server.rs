@@ -36,7 +36,7 @@ pub fn serve(dir: &Path) -> anyhow::Result<()> {
             no_cross_namespace_refs: false,
             tls_reload_interval_seconds: 1,
         };
-        let listener = tokio::net::TcpListener::bind(args.webhook_addr).await?;
+        let listener = tokio::net::TcpListener::bind(args.webhook_addr.socket_addr()).await?;
         println!("{}", listener.local_addr()?);
         let mut index = OwnerIndex::new();
         index.reset([]);

@@ -36,7 +36,8 @@ pub struct RunArgs {
     /// Artifact: anyone who may write Artifacts in a namespace then chooses
     /// what its consumers deploy; only for clusters without openflux's
     /// webhook for Artifacts.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[rustfmt::skip]
+    #[arg(long, default_value = "true", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = openflux_api::runtime::flags::parse_go_bool)]
     pub verify_artifact_writers: bool,
 }
 

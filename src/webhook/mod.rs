@@ -27,7 +27,7 @@ pub mod server;
 pub mod validate;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::certs::{self, CertFiles, CertKeeper, CertSource, Names, SecretCerts, Timing};
 use crate::telemetry::Readiness;
-use openflux_api::runtime::flags::parse_duration;
+use openflux_api::runtime::flags::{parse_duration, parse_go_bool, ListenAddr};
 use openflux_api::runtime::EventRecorder;
 
 pub use server::Knowledge;
@@ -51,9 +51,10 @@ pub use rewrite::decide;
 /// Flags of the webhook, part of `openflux run`.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct WebhookArgs {
-    /// Address the HTTPS admission webhook listens on.
-    #[arg(long, default_value = "0.0.0.0:9443")]
-    pub webhook_addr: SocketAddr,
+    /// Address the HTTPS admission webhook listens on (`:9443` for every
+    /// interface).
+    #[arg(long, default_value = ":9443")]
+    pub webhook_addr: ListenAddr,
     /// PEM certificate (chain) to serve, reloaded when it changes (a
     /// Secret made by hand or by cert-manager, mounted); without it and
     /// without --webhook-cert-secret openflux makes a CA and certificate in
@@ -105,7 +106,8 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "NAME", default_value = "validate")]
     pub validating_webhook_port: String,
     /// Deny references to sources in another namespace, like Flux's flag.
-    #[arg(long)]
+    #[rustfmt::skip]
+    #[arg(long, default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = parse_go_bool)]
     pub no_cross_namespace_refs: bool,
     /// Seconds between checks of the certificate files.
     #[arg(long, default_value_t = 5, hide = true)]
@@ -186,7 +188,7 @@ pub async fn serve(
     metrics: WebhookMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(args.webhook_addr)
+    let listener = TcpListener::bind(args.webhook_addr.socket_addr())
         .await
         .with_context(|| format!("cannot listen on --webhook-addr {}", args.webhook_addr))?;
     serve_on(listener, args, cluster, knowledge, metrics, shutdown).await
@@ -370,7 +372,10 @@ mod tests {
     #[test]
     fn flags_and_defaults() {
         let cli = Cli::try_parse_from(["openflux"]).unwrap();
-        assert_eq!(cli.webhook.webhook_addr, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(
+            cli.webhook.webhook_addr.socket_addr(),
+            "0.0.0.0:9443".parse().unwrap()
+        );
         assert_eq!(cli.webhook.webhook_dns_names, vec!["localhost"]);
         assert_eq!(
             cli.webhook.webhook_ips,

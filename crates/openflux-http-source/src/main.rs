@@ -346,6 +346,15 @@ mod tests {
     use openflux_api::runtime::flags::{LogEncoding, LogLevel};
 
     #[test]
+    fn every_flag_takes_fluxs_forms() {
+        use clap::CommandFactory;
+        let not_listen = ["events-addr", "storage-adv-addr"];
+        let problems =
+            openflux_api::runtime::flags::flag_form_problems(&Cli::command(), &not_listen);
+        assert_eq!(problems, Vec::<String>::new());
+    }
+
+    #[test]
     fn advertises_the_flag_or_the_host_name() {
         assert_eq!(advertised_addr("svc.ns:80", 9090), "svc.ns:80");
         assert!(advertised_addr("", 9090).ends_with(":9090"));

@@ -254,6 +254,86 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
     }
 }
 
+/// What in `command`'s flags (and its subcommands') breaks Flux's forms, a
+/// line each: a boolean flag must stand alone and take `=true` and `=false`
+/// (Go's flag package; clap's default boolean takes no value), and a flag
+/// named `*-addr` must be a [`ListenAddr`] (so `:port` works) unless it is
+/// in `not_listen` (addresses to reach, not to listen on). Each binary's
+/// tests run it over its whole command line.
+pub fn flag_form_problems(command: &clap::Command, not_listen: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut command = command.clone();
+    command.build();
+    let path = [command.get_name().to_string()];
+    check_forms(&command, &path, not_listen, &mut problems);
+    problems
+}
+
+fn check_forms(
+    command: &clap::Command,
+    path: &[String],
+    not_listen: &[&str],
+    problems: &mut Vec<String>,
+) {
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if matches!(long, "help" | "version") {
+            continue;
+        }
+        let flag = format!("{} --{long}", path.join(" "));
+        if matches!(
+            arg.get_action(),
+            ArgAction::SetTrue | ArgAction::SetFalse | ArgAction::Count
+        ) {
+            problems.push(format!("{flag}: a boolean that refuses =true and =false"));
+            continue;
+        }
+        // Parsed by this (sub)command alone, required values waived.
+        let parsed = |value: Option<&str>| {
+            let form = match value {
+                Some(value) => format!("--{long}={value}"),
+                None => format!("--{long}"),
+            };
+            let name = command.get_name().to_string();
+            command
+                .clone()
+                .ignore_errors(true)
+                .try_get_matches_from([name, form])
+        };
+        let is_bool = parsed(Some("true")).ok().is_some_and(|m| {
+            matches!(m.try_get_one::<bool>(arg.get_id().as_str()), Ok(Some(true)))
+        });
+        if is_bool {
+            for (value, want) in [(None, true), (Some("true"), true), (Some("false"), false)] {
+                let got = parsed(value).ok().and_then(|m| {
+                    m.try_get_one::<bool>(arg.get_id().as_str())
+                        .ok()
+                        .flatten()
+                        .copied()
+                });
+                if got != Some(want) {
+                    let form = value.map(|v| format!("={v}")).unwrap_or_default();
+                    problems.push(format!("{flag}{form}: read as {got:?}, not {want}"));
+                }
+            }
+        }
+        if long.ends_with("-addr") && !not_listen.contains(&long) {
+            let listen = parsed(Some(":18080")).ok().is_some_and(|m| {
+                m.try_get_one::<ListenAddr>(arg.get_id().as_str())
+                    .is_ok_and(|addr| addr.is_some_and(|a| a.port() == 18080))
+            });
+            if !listen {
+                problems.push(format!("{flag}: not a listen address that takes :port"));
+            }
+        }
+    }
+    for sub in command.get_subcommands() {
+        let mut path = path.to_vec();
+        path.push(sub.get_name().to_string());
+        check_forms(sub, &path, not_listen, problems);
+    }
+}
+
 /// A Go duration (`35s`, `1m30s`, `500ms`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     duration::parse(s).map_err(|e| e.to_string())

@@ -208,3 +208,48 @@ fn go_booleans() {
     assert_eq!(parse_go_bool("0"), Ok(false));
     assert!(parse_go_bool("").is_err());
 }
+
+#[test]
+fn the_runtime_flags_take_go_forms() {
+    use clap::CommandFactory;
+    assert_eq!(
+        flag_form_problems(&Cli::command(), &["events-addr"]),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn flags_that_break_go_forms_are_named() {
+    use clap::CommandFactory;
+    #[derive(Parser)]
+    struct Plain {
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value = "0.0.0.0:9443")]
+        serve_addr: std::net::SocketAddr,
+        #[arg(long, default_value = ":8080")]
+        ok_addr: ListenAddr,
+        #[arg(long, default_value = "false", action = ArgAction::Set, num_args = 0..=1,
+              require_equals = true, default_missing_value = "true")]
+        strict: bool,
+        #[command(subcommand)]
+        sub: Option<Sub>,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Print {
+            file: String,
+            #[arg(long)]
+            verbose: bool,
+        },
+    }
+    let problems = flag_form_problems(&Plain::command(), &[]);
+    let named = |flag: &str| problems.iter().any(|p| p.contains(flag));
+    assert!(named("--dry-run: a boolean"), "{problems:?}");
+    assert!(named("--serve-addr: not a listen address"), "{problems:?}");
+    assert!(named("print --verbose: a boolean"), "{problems:?}");
+    // clap's own bool parser takes true and false but not Go's other forms;
+    // --strict stands alone and takes both, so it passes.
+    assert!(!named("--strict") && !named("--ok-addr"), "{problems:?}");
+    assert_eq!(problems.len(), 3, "{problems:?}");
+}
