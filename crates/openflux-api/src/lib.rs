@@ -139,7 +139,6 @@ pub const DIGEST_PATTERN: &str = r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]
     derive = "Default",
     shortname = "oart",
     category = "openflux",
-    category = "all",
     doc = "Artifact is the uniform, independent description of an artifact produced by a source (a Flux source or a custom one). Producers write spec; openflux writes status (Artifacts it mirrors from Flux's own sources have none).",
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".metadata.ownerReferences[?(@.controller==true)].kind"}"#,
     printcolumn = r#"{"name":"Source","type":"string","jsonPath":".metadata.ownerReferences[?(@.controller==true)].name"}"#,
@@ -286,6 +285,18 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One Artifact exists per Flux source: `kubectl get all` lists none of
+    /// them, `kubectl get openflux` lists them all.
+    #[test]
+    fn artifacts_are_in_openfluxs_category_only() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(Artifact::crd()).unwrap();
+        assert_eq!(
+            crd["spec"]["names"]["categories"],
+            serde_json::json!(["openflux"])
+        );
+    }
 
     #[test]
     fn splits_api_versions() {

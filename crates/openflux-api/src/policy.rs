@@ -29,7 +29,8 @@ pub const ANY_KIND: &str = "*";
     shortname = "spol",
     category = "openflux",
     doc = "SourcePolicy says which custom source kinds the Flux consumers (Kustomization, HelmRelease, ArtifactGenerator, Pulumi Stack) in the namespaces it selects may deploy from. A namespace no SourcePolicy selects may use every kind; a namespace that SourcePolicies select may use only the kinds they allow together. Stock Flux source kinds are never restricted.",
-    printcolumn = r#"{"name":"Namespaces","type":"string","jsonPath":".spec.namespaceSelector","priority":1}"#,
+    printcolumn = r#"{"name":"Namespaces","type":"string","jsonPath":".spec.namespaceSelector"}"#,
+    printcolumn = r#"{"name":"Allowed Kinds","type":"string","jsonPath":".spec.allowedKinds"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -113,6 +114,30 @@ pub fn source_policy_crd_yaml() -> Result<String, serde_yaml_ng::Error> {
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
+
+    /// `kubectl get sourcepolicies` shows whom a policy selects and what
+    /// it allows. The API server prints the first match of a column's
+    /// path, so the whole list is one column, not `[*].kind`.
+    #[test]
+    fn kubectl_get_shows_the_selector_and_the_allowed_kinds() {
+        let crd = serde_json::to_value(SourcePolicy::crd()).unwrap();
+        let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .unwrap();
+        let shown: Vec<&str> = columns
+            .iter()
+            .filter(|c| c.get("priority").is_none_or(|p| p == 0))
+            .map(|c| c["jsonPath"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ".spec.namespaceSelector",
+                ".spec.allowedKinds",
+                ".metadata.creationTimestamp"
+            ]
+        );
+    }
 
     #[test]
     fn the_crd_is_cluster_scoped_and_checks_the_operator() {
