@@ -20,7 +20,7 @@ pub fn serve(dir: &Path) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let args = WebhookArgs {
-            webhook_addr: "127.0.0.1:0".parse()?,
+            webhook_addr: "127.0.0.1:0".parse().map_err(anyhow::Error::msg)?,
             tls_cert_file: Some(dir.join("tls.crt")),
             tls_key_file: Some(dir.join("tls.key")),
             tls_ca_file: Some(dir.join("ca.crt")),
