@@ -57,8 +57,6 @@ impl std::str::FromStr for ExportMode {
     }
 }
 
-/// Flux's source API group, the group of every target.
-pub const TARGET_GROUP: &str = "source.toolkit.fluxcd.io";
 /// The ExternalArtifact kind.
 pub const EXTERNAL_ARTIFACT: &str = "ExternalArtifact";
 /// The kind a shadow is.

@@ -10,8 +10,6 @@ pub mod small_set;
 
 pub use entry::{ArtifactKey, IndexedArtifact, MirroredState, Owner, SourceKey, Text};
 
-use std::collections::BTreeMap;
-
 use entry::{ArtifactKeyRef, KindKeyRef, SourceKeyRef};
 use hashbrown::{HashMap, HashSet};
 
@@ -310,11 +308,6 @@ impl OwnerIndex {
             .collect()
     }
 
-    /// Number of Artifacts a source owns.
-    pub fn artifact_count(&self, source: &SourceKey) -> usize {
-        self.by_source.get(source).map_or(0, SmallSet::len)
-    }
-
     /// The default Artifact of a source: the one that fills the source's
     /// export (see [`identity::default_artifact`]), among its Artifacts the
     /// trust check did not refuse: an Artifact whose writer may not speak
@@ -355,20 +348,6 @@ impl OwnerIndex {
             self.default_of(&owner.source)
                 .is_some_and(|d| d.key == artifact.key)
         })
-    }
-
-    /// Counts of Artifacts by owner kind (`""` for standalone), for metrics.
-    pub fn counts_by_owner_kind(&self) -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for a in self.artifacts.values() {
-            let kind = a
-                .owner
-                .as_ref()
-                .map(|o| o.source.kind.to_string())
-                .unwrap_or_default();
-            *counts.entry(kind).or_default() += 1;
-        }
-        counts
     }
 
     /// The sources that have Artifacts, in no order.
@@ -616,8 +595,6 @@ mod tests {
                 .artifacts,
             vec!["a1", "a2"]
         );
-        assert_eq!(idx.counts_by_owner_kind().get("HttpSource"), Some(&2));
-        assert_eq!(idx.counts_by_owner_kind().get(""), Some(&1));
     }
 
     /// An Artifact the trust check refused, labelled default (or older),
