@@ -4,10 +4,10 @@
 
 use serde_json::Value;
 
-const CONFIG: &str = include_str!("../manifests/monitoring/kube-state-metrics.yaml");
+const CONFIG: &str = include_str!("../../manifests/monitoring/kube-state-metrics.yaml");
 const CRDS: &[&str] = &[
-    include_str!("../manifests/crds/artifacts.yaml"),
-    include_str!("../manifests/http-source/crd.yaml"),
+    include_str!("../../manifests/crds/artifacts.yaml"),
+    include_str!("../../manifests/http-source/crd.yaml"),
 ];
 
 /// The schema of `group`/`version`/`kind` in the shipped CRDs.
