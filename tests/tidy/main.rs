@@ -4,5 +4,6 @@
 
 mod crds;
 mod monitoring_config;
+mod readme_reasons;
 mod security_doc;
 mod source_layout;
