@@ -19,4 +19,5 @@ pub mod policy;
 pub mod runtime;
 pub mod shard;
 pub mod telemetry;
+pub mod vocabulary;
 pub mod webhook;

@@ -17,15 +17,14 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::adopt::plan::{
-    adopt, adopted_name, up_to_date, ADOPTED_FROM_LABEL, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION,
-};
+use crate::adopt::plan::{adopt, adopted_name, up_to_date, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION};
 use crate::cluster::facts::Facts;
 use crate::context::{apply_params, Context, Error};
 use crate::looks::{self, Looks};
 use crate::runtime::router::Change;
 use crate::runtime::watch::{keep_all, without_managed_fields, Scope, Watch};
 use crate::telemetry::SyncGuard;
+use crate::vocabulary::marks::ADOPTED_FROM_LABEL;
 
 /// The Open Flux Artifact API groups the cluster serves.
 pub fn served_groups(facts: &Facts) -> Vec<&'static str> {

@@ -18,15 +18,14 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use crate::api::{Artifact, ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::export::trust::{ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 use crate::names::identity::source_export_name;
+use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 use crate::{names, shard};
 
 /// The API groups of Open Flux's Artifact, newest first.
 pub const OPEN_FLUX_GROUPS: [&str; 2] = ["openfluxcd.ocm.software", "openfluxcd.mandelsoft.org"];
 /// The version of Open Flux's Artifact API.
 pub const OPEN_FLUX_VERSION: &str = "v1alpha1";
-pub use crate::export::trust::ADOPTED_FROM_LABEL;
 
 /// Name of the openflux.dev Artifact standing for Open Flux Artifact `name`
 /// of `group`.

@@ -17,7 +17,7 @@ use crate::cluster::listers::LISTERS;
 use crate::cluster::target::{
     choose, Choice, ClusterFacts, ConsumerFacts, ExportMode, Gate, NoTarget, Target, OCI_REPOSITORY,
 };
-use crate::consumers::table::{Consumer, Reader, CONSUMERS};
+use crate::vocabulary::consumers::{Consumer, Reader, CONSUMERS};
 
 /// What was read of the cluster in one pass.
 #[derive(Clone, Debug, Default)]

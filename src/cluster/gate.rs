@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::consumers::table::{Consumer, Reader, CONSUMERS};
+use crate::vocabulary::consumers::{Consumer, Reader, CONSUMERS};
 
 /// The consumer kinds whose controller reads an ExternalArtifact only with
 /// its feature gate on, each with that controller (from the consumer table).

@@ -33,10 +33,10 @@ use crate::cluster::listers::LISTERS;
 use crate::cluster::target::{
     ClusterFacts, ExportMode, OciVersion, EXTERNAL_ARTIFACT, OCI_REPOSITORY,
 };
-use crate::consumers::table::{Reader, CONSUMERS};
 use crate::locks;
 use crate::runtime::watch::retrying;
 use crate::telemetry::SyncGuard;
+use crate::vocabulary::consumers::{Reader, CONSUMERS};
 
 /// Where an ExternalArtifact carries its producer's inputs (source-controller
 /// v1.10 and later).

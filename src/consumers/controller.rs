@@ -19,13 +19,13 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::gate;
 use crate::consumers::references::{ConsumerKey, Entry};
 use crate::consumers::repoint::{repoint, ObjectKey};
-use crate::consumers::table::{Consumer, CONSUMERS};
 use crate::context::{Context, Error};
 use crate::locks;
 use crate::looks::{self, Looks};
 use crate::runtime::router::Change;
 use crate::runtime::watch::{keep_all, Scope, Watch};
 use crate::telemetry::Readiness;
+use crate::vocabulary::consumers::{Consumer, CONSUMERS};
 use crate::webhook::rewrite::View;
 use crate::webhook::Options;
 

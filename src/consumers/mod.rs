@@ -1,8 +1,5 @@
 //! The Flux objects that consume sources.
 //!
-//! - [`table`]: one row a consumer kind, where its references live and which
-//!   stock kinds each field accepts: read by the webhook, the survey and the
-//!   gate scan alike (pure);
 //! - [`references`]: which exported objects the consumers refer to (pure);
 //! - [`repoint`]: where a consumer openflux rewrote should point now (pure);
 //! - [`controller`]: the leader's watches of the consumers, which keep the
@@ -11,4 +8,3 @@
 pub mod controller;
 pub mod references;
 pub mod repoint;
-pub mod table;

@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::consumers::repoint::{references, ObjectKey, MOVED_FROM_ANNOTATION};
-use crate::consumers::table::Consumer;
+use crate::consumers::repoint::{references, ObjectKey};
+use crate::vocabulary::consumers::Consumer;
+use crate::vocabulary::marks::MOVED_FROM_ANNOTATION;
 
 /// What is kept of one consumer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -107,7 +108,7 @@ impl References {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::table::CONSUMERS;
+    use crate::vocabulary::consumers::CONSUMERS;
     use serde_json::json;
 
     fn ks(name: &str, to: &str, moved_from: Option<&str>, generation: i64, observed: i64) -> Value {

@@ -15,16 +15,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::consumers::table::{Consumer, RefShape};
+use crate::vocabulary::consumers::{Consumer, RefShape};
+use crate::vocabulary::marks::MOVED_FROM_ANNOTATION;
 use crate::webhook::decision::{Decision, Options};
 use crate::webhook::review::{AdmissionRequest, GroupVersionResource, Operation};
 use crate::webhook::rewrite::refs::{annotation_of, locate, SourceRef};
 use crate::webhook::rewrite::{decide, is_export_of, View};
-
-/// Annotation on a consumer openflux re-pointed: the exported objects it
-/// pointed at before, which openflux keeps until the consumer has
-/// reconciled the move (JSON list of [`ObjectKey`]).
-pub const MOVED_FROM_ANNOTATION: &str = "openflux.dev/moved-from";
 
 /// An object a reference points at.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

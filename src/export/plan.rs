@@ -14,8 +14,9 @@ use crate::api::{
     READY,
 };
 use crate::cluster::target::Target;
-use crate::export::shadow::{self, SHADOW_LABEL};
+use crate::export::shadow;
 use crate::names;
+use crate::vocabulary::marks::SHADOW_LABEL;
 
 /// The object an Artifact is exported as, and its status.
 #[derive(Debug, PartialEq)]

@@ -16,8 +16,6 @@
 
 use serde_json::{json, Value};
 
-/// Label on every shadow (besides the managed-by label).
-pub const SHADOW_LABEL: &str = "openflux.dev/shadow";
 /// `spec.url` host of every shadow: the `.invalid` top-level domain never
 /// resolves, so a resumed shadow cannot fetch anything.
 pub const SHADOW_URL_HOST: &str = "openflux.invalid";

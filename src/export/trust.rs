@@ -21,17 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// Annotation holding the identity that last wrote an Artifact's spec.
-pub const WRITER_ANNOTATION: &str = "openflux.dev/written-by";
-
-/// Annotation on an Artifact openflux adopted from Open Flux: the writer of
-/// the Open Flux Artifact it stands for (openflux itself writes the adopted
-/// one).
-pub const ADOPTED_WRITER_ANNOTATION: &str = "openflux.dev/adopted-written-by";
-
-/// Label on an adopted Artifact: the API group of the Open Flux Artifact it
-/// stands for.
-pub const ADOPTED_FROM_LABEL: &str = "openflux.dev/adopted-from";
+use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 
 /// What an export of an Artifact is made of, as paths in the object: the
 /// webhook records as writer whoever changes any of them, and keeps the

@@ -14,13 +14,10 @@ use kube::api::PostParams;
 use kube::core::GroupVersionKind;
 use kube::{Api, Client, ResourceExt};
 
-use crate::adopt::plan::ADOPTED_FROM_LABEL;
 use crate::api::{split_api_version, Artifact};
-use crate::export::trust::{
-    access_review, unseen, verdict, Claim, Verdict, Writer, ADOPTED_WRITER_ANNOTATION,
-    WRITER_ANNOTATION,
-};
+use crate::export::trust::{access_review, unseen, verdict, Claim, Verdict, Writer};
 use crate::locks;
+use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 
 /// How long an answer of the API server is reused.
 pub const ANSWER_TTL: Duration = Duration::from_secs(60);

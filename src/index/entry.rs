@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 use crate::api::{reason, split_api_version, Artifact};
 use crate::mirror::plan::{fingerprint, is_mirrored};
-use crate::names::identity::DEFAULT_ARTIFACT_LABEL;
+use crate::vocabulary::marks::DEFAULT_ARTIFACT_LABEL;
 
 /// Text the index keeps: shared, so one string serves every map that
 /// names it, and the namespaces, groups and kinds of all Artifacts are kept

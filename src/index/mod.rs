@@ -368,7 +368,7 @@ fn kind_key(source: &SourceKey) -> (Text, Text, Text) {
 mod tests {
     use super::*;
     use crate::api::ArtifactSpec;
-    use crate::names::identity::DEFAULT_ARTIFACT_LABEL;
+    use crate::vocabulary::marks::DEFAULT_ARTIFACT_LABEL;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use std::sync::Arc;
 

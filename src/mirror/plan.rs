@@ -502,7 +502,7 @@ mod tests {
         let shadow = source(
             "OCIRepository",
             json!({"artifact": flux_artifact()}),
-            json!({MANAGED_BY_LABEL: MANAGED_BY, crate::export::shadow::SHADOW_LABEL: "true", "a": "b"}),
+            json!({MANAGED_BY_LABEL: MANAGED_BY, crate::vocabulary::marks::SHADOW_LABEL: "true", "a": "b"}),
         );
         assert_eq!(
             plan(

@@ -19,8 +19,8 @@ use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
 use crate::api::MANAGED_BY_LABEL;
-use crate::export::shadow::SHADOW_LABEL;
 use crate::shard::SHARD_LABEL;
+use crate::vocabulary::marks::SHADOW_LABEL;
 
 /// One stock source object as the watch reads it.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -26,9 +26,6 @@
 use crate::api::{GROUP, KIND};
 use crate::names::{bounded_export_name, legacy_bounded_export_name};
 
-/// Label a producer sets on the Artifact that speaks for its source.
-pub const DEFAULT_ARTIFACT_LABEL: &str = "openflux.dev/default-artifact";
-
 /// Name of the object exported for a source of `group`/`kind` named `name`.
 pub fn source_export_name(group: &str, kind: &str, name: &str) -> String {
     bounded_export_name(&source_export_value(group, kind, name))

@@ -19,9 +19,9 @@
 
 use crate::api;
 use crate::cluster::facts::Facts;
-use crate::consumers::table::is_stock_ref;
 use crate::index::OwnerIndex;
 use crate::names::{identity, MAX_NAME};
+use crate::vocabulary::consumers::is_stock_ref;
 
 use super::SourceKind;
 

@@ -32,11 +32,11 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
-use crate::export::shadow::SHADOW_LABEL;
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex, SourceKey, Text};
 use crate::mirror::plan::is_own_export;
 use crate::mirror::source::Source;
 use crate::names;
+use crate::vocabulary::marks::SHADOW_LABEL;
 
 /// What a watch saw.
 #[derive(Debug)]

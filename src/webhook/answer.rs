@@ -9,7 +9,7 @@ use super::decision::{Decision, Options};
 use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::{decide, writer, View};
 use super::validate;
-use crate::consumers::table;
+use crate::vocabulary::consumers;
 
 /// What the webhook answers a body with, and what to count and log.
 #[derive(Debug)]
@@ -92,7 +92,7 @@ fn answer_with(
         }
     };
     let (group, resource) = (&request.resource.group, &request.resource.resource);
-    let consumer = table::find(group, resource)
+    let consumer = consumers::find(group, resource)
         .map(|c| c.label())
         .or_else(|| writer::is_artifact_resource(group, resource).then_some("artifacts"))
         .unwrap_or("unknown");

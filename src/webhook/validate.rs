@@ -19,8 +19,8 @@ use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
 use super::rewrite::refs::{locate, SourceRef};
 use super::rewrite::View;
-use crate::consumers::table::{self, Consumer};
 use crate::policy::{self, candidates, candidates::Reading};
+use crate::vocabulary::consumers::{self, Consumer};
 
 /// The validating webhook's decision on one request: admitted
 /// ([`Decision::Unchanged`]) or denied. Never patches, never panics.
@@ -33,7 +33,8 @@ pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> 
     {
         return Decision::Unchanged;
     }
-    let Some(consumer) = table::find(&request.resource.group, &request.resource.resource) else {
+    let Some(consumer) = consumers::find(&request.resource.group, &request.resource.resource)
+    else {
         return Decision::bad_request(format!(
             "openflux does not validate resource {}.{}; check the rules of its validating webhook configuration",
             request.resource.resource, request.resource.group
@@ -60,7 +61,7 @@ pub fn check_rewrite(
     view: View<'_>,
     options: &Options,
 ) -> Option<Decision> {
-    let consumer = table::find(&request.resource.group, &request.resource.resource)?;
+    let consumer = consumers::find(&request.resource.group, &request.resource.resource)?;
     let object = request.object.as_ref()?;
     let namespace = namespace_of(request, object)?;
     let policies = view.policies;

@@ -26,5 +26,8 @@ fn every_ready_reason_has_a_row_in_the_readme() {
         .iter()
         .filter(|r| !readme.lines().any(|l| l.starts_with(&format!("| `{r}` |"))))
         .collect();
-    assert!(missing.is_empty(), "README.md has no row for the Ready reasons {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "README.md has no row for the Ready reasons {missing:?}"
+    );
 }

@@ -26,7 +26,10 @@ fn every_entry_calls_the_service_port_given_and_spares_its_own_namespace() {
     assert_eq!(config.metadata.name.as_deref(), Some("tenant-rules"));
     assert_eq!(config.metadata.owner_references, Some(vec![owner()]));
     let webhooks = config.webhooks.unwrap();
-    assert_eq!(webhooks.len(), crate::consumers::table::CONSUMERS.len());
+    assert_eq!(
+        webhooks.len(),
+        crate::vocabulary::consumers::CONSUMERS.len()
+    );
     for webhook in &webhooks {
         let service = webhook.client_config.service.as_ref().unwrap();
         assert_eq!(

@@ -18,8 +18,9 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::{Map, Value};
 
 use crate::api::SOURCE_REF_ANNOTATION;
-use crate::consumers::table::CONSUMERS;
-use crate::export::trust::{EXPORT_INPUTS, WRITER_ANNOTATION};
+use crate::export::trust::EXPORT_INPUTS;
+use crate::vocabulary::consumers::CONSUMERS;
+use crate::vocabulary::marks::WRITER_ANNOTATION;
 
 /// Which parts of a value to keep.
 #[derive(Debug, Default)]

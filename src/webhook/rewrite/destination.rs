@@ -5,9 +5,9 @@
 use super::refs::{Located, SourceRef};
 use crate::api;
 use crate::cluster::facts::Facts;
-use crate::consumers::table::{Consumer, RefField};
 use crate::index::{LookupError, OwnerIndex};
 use crate::names::identity;
+use crate::vocabulary::consumers::{Consumer, RefField};
 use crate::webhook::decision::Decision;
 
 /// Where a resolved reference points.

@@ -30,10 +30,10 @@ use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
 use crate::api::{self, FLUX_SOURCE_GROUP};
 use crate::cluster::facts::Facts;
-use crate::consumers::table::{self, is_stock_ref, Consumer, RefField, RefShape};
 use crate::index::OwnerIndex;
 use crate::names::identity;
 use crate::policy::Policies;
+use crate::vocabulary::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
 
 mod destination;
 pub mod refs;
@@ -107,7 +107,7 @@ impl<'a> Decider<'a> {
             return Ok(None);
         }
         let gvr = &request.resource;
-        let consumer = table::find(&gvr.group, &gvr.resource).ok_or_else(|| {
+        let consumer = consumers::find(&gvr.group, &gvr.resource).ok_or_else(|| {
             Decision::bad_request(format!(
                 "openflux does not handle resource {}.{}; check the rules of its webhook configuration",
                 gvr.resource, gvr.group

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::api::{split_api_version, SOURCE_REF_ANNOTATION};
-use crate::consumers::table::{RefField, RefShape};
+use crate::vocabulary::consumers::{RefField, RefShape};
 use crate::webhook::decision::Decision;
 
 /// A source reference as a consumer spells it.
@@ -240,7 +240,7 @@ pub fn locate<'v>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::table::CONSUMERS;
+    use crate::vocabulary::consumers::CONSUMERS;
     use serde_json::json;
 
     #[test]

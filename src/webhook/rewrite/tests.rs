@@ -94,7 +94,7 @@ fn facts_with(target: crate::cluster::target::Target) -> Facts {
         synced: true,
         ..Facts::default()
     };
-    for consumer in crate::consumers::table::CONSUMERS.iter() {
+    for consumer in crate::vocabulary::consumers::CONSUMERS.iter() {
         let choice = crate::cluster::target::Choice {
             target,
             reason: "test".into(),
@@ -798,7 +798,7 @@ fn the_decision_follows_the_table_of_source_references() {
     let mut index = OwnerIndex::new();
     index.reset([]);
     for case in openflux_testkit::references::source_reference_cases() {
-        let consumer = table::CONSUMERS
+        let consumer = consumers::CONSUMERS
             .iter()
             .find(|c| c.kind == case.consumer)
             .unwrap_or_else(|| panic!("{case}: not a consumer"));

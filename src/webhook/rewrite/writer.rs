@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 
 use crate::adopt::plan::OPEN_FLUX_GROUPS;
 use crate::api::GROUP;
-use crate::export::trust::{Writer, EXPORT_INPUTS, WRITER_ANNOTATION};
+use crate::export::trust::{Writer, EXPORT_INPUTS};
+use crate::vocabulary::marks::WRITER_ANNOTATION;
 use crate::webhook::decision::Decision;
 use crate::webhook::review::{AdmissionRequest, Operation};
 
@@ -110,7 +111,7 @@ pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::trust::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION};
+    use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION};
     use crate::webhook::review::prune::{object_keep, Pruned};
     use crate::webhook::review::GroupVersionResource;
     use serde_json::json;

@@ -15,7 +15,7 @@ fn facts() -> Facts {
         synced: true,
         ..Facts::default()
     };
-    for consumer in crate::consumers::table::CONSUMERS.iter() {
+    for consumer in crate::vocabulary::consumers::CONSUMERS.iter() {
         let choice = crate::cluster::target::Choice {
             target: crate::cluster::target::Target::ExternalArtifact,
             reason: "test".into(),

@@ -604,7 +604,7 @@ mod tests {
             variable(&consumers, "openfluxAnnotations"),
             format!(
                 "['{}', '{}']",
-                crate::consumers::repoint::MOVED_FROM_ANNOTATION,
+                crate::vocabulary::marks::MOVED_FROM_ANNOTATION,
                 crate::api::SOURCE_REF_ANNOTATION
             )
         );
