@@ -84,9 +84,9 @@ pub struct Context {
     /// `--max-retry-delay`).
     pub retry: openflux_api::runtime::RetryArgs,
     /// Turns at a first list, shared by every watch of the process.
-    pub list_turns: crate::runtime::watch::ListTurns,
+    pub list_turns: crate::watch::ListTurns,
     /// Where watches hand the objects they cannot decode.
-    pub rejects: crate::runtime::decoded::Rejects,
+    pub rejects: crate::watch::decoded::Rejects,
 }
 
 impl Context {

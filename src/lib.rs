@@ -20,4 +20,5 @@ pub mod runtime;
 pub mod shard;
 pub mod telemetry;
 pub mod vocabulary;
+pub mod watch;
 pub mod webhook;

@@ -21,10 +21,11 @@ use crate::adopt::plan::{adopt, adopted_name, up_to_date, OPEN_FLUX_GROUPS, OPEN
 use crate::cluster::facts::Facts;
 use crate::context::{apply_params, Context, Error};
 use crate::looks::{self, Looks};
-use crate::runtime::router::Change;
-use crate::runtime::watch::{keep_all, without_managed_fields, Scope, Watch};
 use crate::telemetry::SyncGuard;
 use crate::vocabulary::marks::ADOPTED_FROM_LABEL;
+use crate::watch::change::Change;
+use crate::watch::run::Watch;
+use crate::watch::{keep_all, without_managed_fields, Scope};
 
 /// The Open Flux Artifact API groups the cluster serves.
 pub fn served_groups(facts: &Facts) -> Vec<&'static str> {

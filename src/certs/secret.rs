@@ -27,8 +27,8 @@ use super::keeper::{SwappableCert, CA_FILE, CERT_FILE, KEY_FILE};
 use super::material::{material_from_pem, parse_certs};
 use super::rotation::Timing;
 use super::stored::Names;
-use crate::runtime::watch::{retrying, works};
 use crate::telemetry::SyncGuard;
+use crate::watch::retry::{retrying, works};
 
 /// Name of the Secret unless told otherwise.
 pub const DEFAULT_SECRET: &str = "openflux-webhook-tls";

@@ -34,9 +34,9 @@ use crate::cluster::target::{
     ClusterFacts, ExportMode, OciVersion, EXTERNAL_ARTIFACT, OCI_REPOSITORY,
 };
 use crate::locks;
-use crate::runtime::watch::retrying;
 use crate::telemetry::SyncGuard;
 use crate::vocabulary::consumers::{Reader, CONSUMERS};
+use crate::watch::retry::retrying;
 
 /// Where an ExternalArtifact carries its producer's inputs (source-controller
 /// v1.10 and later).

@@ -22,10 +22,11 @@ use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::context::{Context, Error};
 use crate::locks;
 use crate::looks::{self, Looks};
-use crate::runtime::router::Change;
-use crate::runtime::watch::{keep_all, Scope, Watch};
 use crate::telemetry::Readiness;
 use crate::vocabulary::consumers::{Consumer, CONSUMERS};
+use crate::watch::change::Change;
+use crate::watch::run::Watch;
+use crate::watch::{keep_all, Scope};
 use crate::webhook::rewrite::View;
 use crate::webhook::Options;
 

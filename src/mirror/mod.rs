@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use backlog::Backlog;
 pub use plan::{fingerprint, is_mirrored, is_own_export, plan, InvalidSource, Plan};
-use plan::{Stored, StoredArtifact, StoredOwner};
+use plan::{Echo, Stored, StoredArtifact, StoredOwner};
 pub use runner::Requeue;
 pub use source::{FluxSource, Source, SourceKind};
 pub use store::Sources;
@@ -37,7 +37,6 @@ pub use store::Sources;
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
 use crate::locks;
-use crate::runtime::router::Echo;
 use crate::telemetry::KindLabels;
 
 /// Why openflux cannot tell whether a source kind is served.

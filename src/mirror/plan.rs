@@ -226,6 +226,16 @@ impl std::io::Write for HashWriter<'_> {
     }
 }
 
+/// A mirrored Artifact as a watch saw it change: when its fingerprint is
+/// what the mirror last wrote there, the change is the echo of that write.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Echo {
+    /// The Artifact's name.
+    pub artifact: std::sync::Arc<str>,
+    /// [`fingerprint`] of the Artifact seen.
+    pub fingerprint: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::source::{FluxSource, Source};
 use crate::locks;
-use crate::runtime::router::Change;
+use crate::watch::change::Change;
 
 struct Kept {
     source: Arc<Source>,

@@ -16,8 +16,8 @@ use tokio::sync::watch as signal;
 use super::{Policies, Rule};
 use crate::api::policy::SourcePolicy;
 use crate::locks;
-use crate::runtime::watch::retrying;
 use crate::telemetry::Readiness;
+use crate::watch::retry::retrying;
 
 /// One watch event, reduced to what [`Policies`] keeps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,8 +178,8 @@ enum Either {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::watch::fake_api::{lists_server, List};
     use crate::telemetry::WATCH_STALE_AFTER;
+    use crate::watch::fake_api::{lists_server, List};
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]

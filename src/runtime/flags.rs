@@ -4,9 +4,9 @@
 
 use openflux_api::runtime::flags::{FlagError, RuntimeArgs};
 
-use super::watch::Scope;
 use crate::cluster::target::ExportMode;
 use crate::shard::Shard;
+use crate::watch::Scope;
 
 /// Name of the leader election Lease, in the runtime namespace.
 pub const LEADER_ELECTION_ID: &str = "openflux-leader-election";

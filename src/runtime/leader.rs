@@ -20,8 +20,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::hub::Hub;
 use super::router::Event;
-use super::watch::{keep_all, without_managed_fields, Hub, Scope, Watch};
 use crate::adopt;
 use crate::api::{Artifact, StockSource, STOCK_SOURCES};
 use crate::cluster::target::Target;
@@ -33,6 +33,8 @@ use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
 use crate::mirror::{self, Backlog, DiscoveryError, Mirror, SourceKind, Sources};
 use crate::telemetry::Readiness;
+use crate::watch::run::Watch;
+use crate::watch::{keep_all, without_managed_fields, Scope};
 
 /// How often the leader looks for source kinds the cluster did not serve yet.
 pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
@@ -350,7 +352,7 @@ impl Controllers {
         let hub = self.hub.clone();
         let watch = Watch {
             api: self.scope.dynamic_api(&self.ctx.client, resource),
-            config: super::watch::streamed().labels(&export::managed_selector()),
+            config: crate::watch::streamed().labels(&export::managed_selector()),
             slim: without_managed_fields,
             keep: keep_all,
             what: "exported objects".to_string(),

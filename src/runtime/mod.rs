@@ -17,15 +17,12 @@
 //! - [`flags`]: the command line.
 
 pub mod allocator;
-pub mod backoff;
-pub mod decoded;
 pub mod flags;
+pub mod hub;
 pub mod leader;
 pub mod process;
 pub mod router;
-pub mod streaming;
 pub mod wakes;
-pub mod watch;
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -41,9 +38,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
+use self::hub::Hub;
 use self::leader::Controllers;
 use self::router::Event;
-use self::watch::{without_managed_fields, Hub, Scope, Watch};
 use crate::api::Artifact;
 use crate::cluster::facts::Facts;
 use crate::cluster::gate::{self, GateMetrics};
@@ -52,6 +49,9 @@ use crate::context::{Context, WriteMemo};
 use crate::export::verify::Verifier;
 use crate::index::OwnerIndex;
 use crate::telemetry::{self, Metrics, Readiness};
+use crate::watch::decoded;
+use crate::watch::run::Watch;
+use crate::watch::{without_managed_fields, Scope};
 
 /// How often the leader checks Flux consumers for the ExternalArtifact gate
 /// (in its watches' stores: no API call).

@@ -26,36 +26,17 @@
 //!   as they arrive, unseen by readers, and take part when the list ends.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use crate::api::{Artifact, StockSource, API_VERSION, KIND};
 use crate::index::{ArtifactKey, IndexChange, IndexedArtifact, OwnerIndex, SourceKey, Text};
-use crate::mirror::plan::is_own_export;
+use crate::mirror::plan::{is_own_export, Echo};
 use crate::mirror::source::Source;
 use crate::names;
 use crate::vocabulary::marks::SHADOW_LABEL;
-
-/// What a watch saw.
-#[derive(Debug)]
-pub enum Change<'a, K> {
-    /// The object was created or changed.
-    Applied(&'a K),
-    /// The object went away.
-    Deleted(&'a K),
-    /// The watch began to list every object again: what an earlier list
-    /// brought before it broke off counts for nothing.
-    Listing,
-    /// One object of the list in progress that the watch's store does not
-    /// keep, handed over as it arrives so that nothing holds it whole until
-    /// the list ends. It is part of the [`Change::Relisted`] that follows.
-    Listed(&'a K),
-    /// The list ended: these objects, and those [`Change::Listed`] since
-    /// the list began, are all there are.
-    Relisted(&'a [Arc<K>]),
-}
+use crate::watch::change::Change;
 
 /// One event of one watch.
 #[derive(Debug)]
@@ -93,14 +74,6 @@ pub enum Wake {
         /// echo of that write and there is nothing to do.
         echo: Option<Echo>,
     },
-}
-
-/// A mirrored Artifact as a watch saw it change.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Echo {
-    pub artifact: Text,
-    /// [`crate::mirror::plan::fingerprint`] of the Artifact seen.
-    pub fingerprint: u64,
 }
 
 /// What an event implies.

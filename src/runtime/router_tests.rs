@@ -1,6 +1,8 @@
 //! The router as a table: one row an event, with the index change and the
 //! wakes it must produce.
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::json;
 

@@ -23,7 +23,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
 use crate::certs::{parse_certs, pem_of};
-use crate::runtime::watch::retrying;
+use crate::watch::retry::retrying;
 
 /// Most certificates openflux leaves in a bundle.
 pub const MAX_BUNDLE_CERTS: usize = 4;

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::configuration::{self, Target, Write};
-use crate::runtime::watch::retrying;
+use crate::watch::retry::retrying;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const REASON_FAILED: &str = "ValidatingWebhookFailed";

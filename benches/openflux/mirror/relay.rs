@@ -58,14 +58,14 @@ impl Relay {
         concurrent: usize,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let config = openflux::runtime::watch::streamed();
+        let config = openflux::watch::streamed();
         let (listed, is_listed) = oneshot::channel();
         let mut listed = Some(listed);
         let writes = Arc::new(AtomicU64::new(0));
         let sent = writes.clone();
         let task = tokio::spawn(async move {
             let (plain, sent) = (&plain, &sent);
-            openflux::runtime::streaming::watcher(sources, config, Default::default())
+            openflux::watch::streaming::watcher(sources, config, Default::default())
                 .default_backoff()
                 .filter_map(|event| {
                     let source = match event {

@@ -18,8 +18,8 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(4);
 
 /// Exponential backoff from [`BACKOFF_MIN`] to [`BACKOFF_MAX`], each delay
 /// between half and all of its step (so replicas do not retry in step),
-/// reset by [`WatchBackoff::worked`] ([`super::watch::retrying`] calls it
-/// when the watch [`works`](super::watch::works) again). kube resets a
+/// reset by [`WatchBackoff::worked`] ([`super::retry::retrying`] calls it
+/// when the watch [`works`](super::retry::works) again). kube resets a
 /// backoff on every item its stream yields, and its watcher yields an Init before each attempt
 /// at a list, so a list that kept failing would be retried at the first
 /// step forever; that reset does nothing here.

@@ -1,7 +1,7 @@
 //! The watcher under every large watch: kube's, except that the first list
 //! arrives as watch events (the API server's streaming list,
 //! `sendInitialEvents`) instead of in pages. A page holds up to
-//! [`LIST_PAGE`](super::watch::LIST_PAGE) decoded objects until the last
+//! [`LIST_PAGE`](super::LIST_PAGE) decoded objects until the last
 //! is handed on; a stream holds one at a time, so a restart with every
 //! Artifact present holds no more than a first start.
 //!
