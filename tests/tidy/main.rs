@@ -3,6 +3,7 @@
 //! names, and the layout of the source (layers, file lengths).
 
 mod crds;
+mod floors;
 mod monitoring_config;
 mod readme_reasons;
 mod security_doc;

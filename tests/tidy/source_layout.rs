@@ -124,8 +124,8 @@ const LAYERS: &[(&str, Layer)] = &[
 
 /// A crate of the workspace: where its code is, and the layer of each of
 /// its modules.
-struct Crate {
-    name: &'static str,
+pub(crate) struct Crate {
+    pub(crate) name: &'static str,
     dir: &'static str,
     layers: &'static [(&'static str, Layer)],
     /// Names the crate's code uses as modules that are not its files (a
@@ -133,7 +133,7 @@ struct Crate {
     external: &'static [&'static str],
 }
 
-const CRATES: &[Crate] = &[
+pub(crate) const CRATES: &[Crate] = &[
     Crate {
         name: "openflux",
         dir: ".",
@@ -383,7 +383,7 @@ fn imports(module: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<Strin
 }
 
 /// The library's modules and what each imports.
-fn module_graph(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
+pub(crate) fn module_graph(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
     let src = workspace_dir().join(krate.dir).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
