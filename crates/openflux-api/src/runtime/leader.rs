@@ -297,7 +297,12 @@ impl<S: LeaseStore, C: Clock> Elector<S, C> {
             (decision, observed)
         };
         let now = MicroTime(self.clock.wall());
-        let seconds = i32::try_from(self.args.leader_election_lease_duration.as_secs())
+        // Whole seconds, rounded up: other candidates wait this long for a
+        // renewal, and a Lease written shorter than the lease duration
+        // (2.7s as 2) could be taken while this one still believes it
+        // leads (up to the renew deadline, say 2.3s).
+        let lease = self.args.leader_election_lease_duration;
+        let seconds = i32::try_from(lease.as_secs() + u64::from(lease.subsec_nanos() > 0))
             .unwrap_or(i32::MAX)
             .max(1);
         let written = match (decision, current) {

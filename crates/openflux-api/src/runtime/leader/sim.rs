@@ -369,3 +369,32 @@ fn a_stalled_leader_gives_up_at_its_deadline_and_the_other_takes_over() {
     let leaders: std::collections::BTreeSet<usize> = intervals.iter().map(|i| i.0).collect();
     assert_eq!(leaders.len(), 2, "both led at some point: {intervals:?}");
 }
+
+/// A case the property once found: clocks slightly slow, a call stalling
+/// longer than the lease now and then.
+#[test]
+fn slow_clocks_and_stalls_longer_than_the_lease_make_no_second_leader() {
+    let sc = Scenario {
+        seed: 4320182154029669669,
+        lease: Duration::from_micros(2_688_700),
+        renew: Duration::from_millis(2338),
+        retry: Duration::from_nanos(606_989_232),
+        faults: Faults {
+            stall_chance: 0.018248409132749114,
+            stall: Duration::from_nanos(3_175_284_434),
+            error_chance: 0.0,
+        },
+        rates: [0.9885251196557553, 0.9949029505286412],
+        offsets: [0, 0],
+        frozen: [false, false],
+    };
+    let intervals = simulate(sc);
+    for (i, a) in intervals.iter().enumerate() {
+        for b in &intervals[i + 1..] {
+            assert!(
+                a.0 == b.0 || !(a.1 < b.2 && b.1 < a.2),
+                "{a:?} and {b:?} overlap"
+            );
+        }
+    }
+}
