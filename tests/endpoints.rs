@@ -86,3 +86,74 @@ fn a_taken_port_stops_the_process_with_its_flag() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// openflux's image carries no CA roots. Events posted over plain HTTP (the
+/// shipped Deployment's `--events-addr`) must not need them: before, the
+/// events client refused to build and openflux exited at start.
+#[test]
+fn plain_http_events_start_without_ca_roots() {
+    let dir = std::env::temp_dir().join(format!("openflux-no-roots-{}", std::process::id()));
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).expect("a temporary directory");
+    // The API server's CA from the kubeconfig, as in a Pod: the system's
+    // roots are the only thing missing.
+    let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("a CA");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:1', certificate-authority-data: {}}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: u, namespace: default}}}}]\n\
+             current-context: x\n",
+            base64_of(ca.cert.pem().as_bytes())
+        ),
+    )
+    .expect("writing the kubeconfig");
+    let webhook = free();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_openflux"))
+        .env("SSL_CERT_FILE", dir.join("none.pem"))
+        .env("SSL_CERT_DIR", &empty)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("run")
+        .arg(format!("--metrics-addr={}", free()))
+        .arg(format!("--health-addr={}", free()))
+        .arg(format!("--webhook-addr={webhook}"))
+        .arg("--events-addr=http://127.0.0.1:1/")
+        .arg("--namespace=default")
+        .arg("--watch-all-namespaces=false")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting openflux");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let serving = loop {
+        if child.try_wait().expect("polling openflux").is_some() {
+            break false;
+        }
+        if std::net::TcpStream::connect(webhook).is_ok() {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("openflux's output");
+    assert!(
+        serving,
+        "openflux did not serve its webhook without CA roots:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
