@@ -6,17 +6,20 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A kubeconfig whose API server nothing answers: the process must fail on
-/// its port before it needs the cluster.
-fn kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+/// A kubeconfig whose API server nothing answers (`tls`: how the cluster's
+/// certificate is checked): the process must fail on its port before it
+/// needs the cluster.
+fn kubeconfig(dir: &std::path::Path, tls: &str) -> std::path::PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(
         &path,
-        "apiVersion: v1\nkind: Config\n\
-         clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
-         users: [{name: u, user: {token: t}}]\n\
-         contexts: [{name: x, context: {cluster: c, user: u, namespace: default}}]\n\
-         current-context: x\n",
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:1', {tls}}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: u, namespace: default}}}}]\n\
+             current-context: x\n"
+        ),
     )
     .expect("writing the kubeconfig");
     path
@@ -32,7 +35,7 @@ fn free() -> SocketAddr {
 fn a_taken_port_stops_the_process_with_its_flag() {
     let dir = std::env::temp_dir().join(format!("openflux-endpoints-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let kubeconfig = kubeconfig(&dir);
+    let kubeconfig = kubeconfig(&dir, "insecure-skip-tls-verify: true");
     for flag in ["--metrics-addr", "--health-addr", "--webhook-addr"] {
         let held = TcpListener::bind("127.0.0.1:0").expect("binding a port to hold");
         let taken = held.local_addr().expect("the held port");
@@ -98,19 +101,11 @@ fn plain_http_events_start_without_ca_roots() {
     // The API server's CA from the kubeconfig, as in a Pod: the system's
     // roots are the only thing missing.
     let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("a CA");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\n\
-             clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:1', certificate-authority-data: {}}}}}]\n\
-             users: [{{name: u, user: {{token: t}}}}]\n\
-             contexts: [{{name: x, context: {{cluster: c, user: u, namespace: default}}}}]\n\
-             current-context: x\n",
-            base64_of(ca.cert.pem().as_bytes())
-        ),
-    )
-    .expect("writing the kubeconfig");
+    let tls = format!(
+        "certificate-authority-data: {}",
+        base64_of(ca.cert.pem().as_bytes())
+    );
+    let kubeconfig = kubeconfig(&dir, &tls);
     let webhook = free();
     let mut child = Command::new(env!("CARGO_BIN_EXE_openflux"))
         .env("SSL_CERT_FILE", dir.join("none.pem"))
