@@ -338,6 +338,22 @@ async fn a_former_leader_writes_nothing_after_the_new_leaders_first_write() {
         after_cut > 0,
         "the first replica wrote nothing after its renewals were cut"
     );
+    let late: Vec<String> = late
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {} ({:?}): sent {:?} after the cut, answered {}",
+                w.method,
+                w.path,
+                w.status,
+                w.sent.saturating_duration_since(cut),
+                w.answered.map_or("never".to_string(), |a| format!(
+                    "{:?} after the cut",
+                    a.saturating_duration_since(cut)
+                )),
+            )
+        })
+        .collect();
     assert!(
         late.is_empty(),
         "the former leader wrote after the new leader's first write: {late:#?}"

@@ -233,41 +233,124 @@ async fn forward(state: Arc<State>, req: Request<Incoming>) -> Result<Response<B
         }
     }
     let up = up.body(kube::client::Body::from(bytes))?;
-    let sent = Instant::now();
-    let index = write.then(|| {
+    if !write {
+        // Reads and watches stream through as they come.
+        let res = match state.upstream.send(up).await {
+            Ok(res) => res,
+            Err(e) => return Ok(answer(StatusCode::BAD_GATEWAY, e.to_string())),
+        };
+        let (mut head, body) = res.into_parts();
+        head.headers.remove(header::CONTENT_LENGTH);
+        head.headers.remove(header::TRANSFER_ENCODING);
+        let body = body.map_err(BoxError::from).boxed_unsync();
+        return Ok(Response::from_parts(head, body));
+    }
+    let index = {
         let mut writes = state.writes.lock().unwrap();
         writes.push(Write {
             method: parts.method.to_string(),
             path: path.clone(),
-            sent,
+            sent: Instant::now(),
             answered: None,
             status: None,
         });
         writes.len() - 1
+    };
+    // A write once sent on is seen through to the API server's answer even
+    // when its sender gives up on it (a reconcile aborted mid-request drops
+    // its connection): the API server may well apply it, and when it
+    // answered is what a test of fencing needs to know.
+    let exchange = tokio::spawn({
+        let state = state.clone();
+        async move {
+            let res = match state.upstream.send(up).await {
+                Ok(res) => res,
+                Err(e) => return Err(e.to_string()),
+            };
+            let (mut head, body) = res.into_parts();
+            head.headers.remove(header::CONTENT_LENGTH);
+            head.headers.remove(header::TRANSFER_ENCODING);
+            let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+            let mut writes = state.writes.lock().unwrap();
+            let w = &mut writes[index];
+            w.answered = Some(Instant::now());
+            w.status = Some(head.status.as_u16());
+            Ok((head, bytes))
+        }
     });
-    let res = match state.upstream.send(up).await {
-        Ok(res) => res,
+    let (head, bytes) = match exchange.await {
+        Ok(Ok(answered)) => answered,
+        Ok(Err(e)) => return Ok(answer(StatusCode::BAD_GATEWAY, e)),
         Err(e) => return Ok(answer(StatusCode::BAD_GATEWAY, e.to_string())),
     };
-    let (mut head, body) = res.into_parts();
-    head.headers.remove(header::CONTENT_LENGTH);
-    head.headers.remove(header::TRANSFER_ENCODING);
-    let Some(index) = index else {
-        // Reads and watches stream through as they come.
-        let body = body.map_err(BoxError::from).boxed_unsync();
-        return Ok(Response::from_parts(head, body));
-    };
-    let bytes = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return Ok(answer(StatusCode::BAD_GATEWAY, e.to_string())),
-    };
-    {
-        let mut writes = state.writes.lock().unwrap();
-        let w = &mut writes[index];
-        w.answered = Some(Instant::now());
-        w.status = Some(head.status.as_u16());
-    }
     let delay = state.rules.lock().unwrap().delay_answers;
     tokio::time::sleep(delay).await;
     Ok(Response::from_parts(head, full(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// An API server stand-in on loopback that answers every request
+    /// `after` it came, and the kubeconfig that names it.
+    async fn slow_upstream(
+        after: Duration,
+    ) -> (tempfile::NamedTempFile, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_req| async move {
+                        tokio::time::sleep(after).await;
+                        Ok::<_, std::convert::Infallible>(Response::new(full(Bytes::from("{}"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let mut kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut kubeconfig, plain_kubeconfig(addr).as_bytes()).unwrap();
+        (kubeconfig, server)
+    }
+
+    #[tokio::test]
+    async fn a_write_its_sender_gave_up_on_is_seen_through_to_the_answer() {
+        let (upstream, server) = slow_upstream(Duration::from_millis(300)).await;
+        let proxy = ApiProxy::start(upstream.path()).await;
+        let mut conn = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        conn.write_all(
+            b"POST /api/v1/namespaces/t/configmaps HTTP/1.1\r\nhost: x\r\n\
+              content-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while proxy.writes().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy never sent the write on"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The sender gives up while the API server still works on it.
+        drop(conn);
+        while proxy.writes()[0].answered.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "a write sent on was never seen answered once its sender left: {:?}",
+                proxy.writes()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(proxy.writes()[0].status, Some(200));
+        server.abort();
+    }
 }
