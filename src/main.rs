@@ -108,6 +108,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                     openflux::webhook::Knowledge {
                         index: shared.index.clone(),
                         facts: shared.facts.clone(),
+                        fresh: Some(shared.fresh.clone()),
                         readiness: Some(shared.readiness.clone()),
                         ..Default::default()
                     },

@@ -626,3 +626,71 @@ async fn a_tenants_odd_artifacts_keep_no_replica_from_starting() {
     drop(webhook);
     ns.delete().await;
 }
+
+/// A source kind whose CRD was created a moment ago, in an API group the
+/// cluster already serves (where a kind it does not serve is refused as a
+/// typo): a Kustomization naming it as soon as the CRD is established and
+/// discoverable, as Flux applies CRDs first and then what uses them, is
+/// admitted and rewritten, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_kind_created_a_moment_ago_is_admitted() {
+    let env = cluster().await;
+    let (ns, n, _of, _webhook) = set_up(&env, "wh-fresh", &[]).await;
+    let (group, version) = TEST_SOURCE.split_once('/').expect("group/version");
+    // openflux has read the cluster: a kind its group does not serve is
+    // refused.
+    wait_for("a typo in the group to be refused", TIMEOUT, || async {
+        let typo = kustomization(
+            &n,
+            "typo",
+            json!({"apiVersion": TEST_SOURCE, "kind": "TestSourse", "name": "x"}),
+        );
+        let message = format!("{:#}", dry_run(&env, &typo).await.err()?);
+        message
+            .contains("no API of this cluster serves")
+            .then_some(())
+    })
+    .await;
+
+    // A kind of its own per run: the namespace's random suffix.
+    let suffix = n.rsplit('-').next().expect("a namespace suffix");
+    let kind = format!("Gadget{suffix}");
+    let plural = format!("{}s", kind.to_lowercase());
+    let crd_name = format!("{plural}.{group}");
+    env.apply(&json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": crd_name},
+        "spec": {
+            "group": group,
+            "names": {"kind": kind, "plural": plural},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": version, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .await
+    .expect("creating the CRD");
+    support::wait_established(&env, &[&crd_name]).await;
+    let consumer = kustomization(
+        &n,
+        "fresh",
+        json!({"apiVersion": TEST_SOURCE, "kind": kind, "name": "web"}),
+    );
+    let stored = dry_run(&env, &consumer).await;
+    let _ = tokio::task::block_in_place(|| {
+        env.run_kubectl(&["delete", "crd", &crd_name, "--wait=false"], None)
+    });
+    let stored = stored.unwrap_or_else(|e| {
+        panic!("a Kustomization naming {kind} right after its CRD was refused: {e:#}")
+    });
+    assert_eq!(
+        field(&stored, "/spec/sourceRef/name"),
+        Some(&json!(format!("web.{}.{group}", kind.to_lowercase()))),
+        "{:#}",
+        stored.data
+    );
+    ns.delete().await;
+}

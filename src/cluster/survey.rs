@@ -3,14 +3,18 @@
 //! controllers' Deployments), decides them with [`Facts::decide`] and keeps
 //! the result where the webhook and the export controller read it.
 //!
-//! It reads again when a CRD or a Flux Deployment changes, and at least every
-//! [`SURVEY_PERIOD`]. A failed reading keeps the previous facts. A change is
+//! It reads again when a CRD or a Flux Deployment changes, when the webhook
+//! asks ([`Fresh`]: a kind it was about to refuse as not served may belong
+//! to a CRD created a moment ago), and at least every [`SURVEY_PERIOD`]. A
+//! failed reading keeps the previous facts. A change is
 //! logged (one line per consumer kind, with the reason), counted in the
 //! `openflux_export_target` metric and announced to the controllers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -46,6 +50,63 @@ pub const EXPORTED_INPUTS: [&str; 2] = ["status", "exportedInputs"];
 pub const SURVEY_PERIOD: Duration = Duration::from_secs(30);
 /// How long a burst of changes is let settle before reading.
 const SETTLE: Duration = Duration::from_millis(300);
+/// The shortest time between the starts of two readings the webhook asked
+/// for: however many requests ask, the survey reads at most this often.
+pub const ASK_GAP: Duration = Duration::from_millis(500);
+
+/// The survey's side of [`Fresh`].
+pub struct Asked {
+    ask: Arc<Notify>,
+    read: channel::Sender<Option<Instant>>,
+}
+
+/// Lets a reader of the facts ask the survey to read the cluster now, and
+/// wait for a reading that began after a given instant.
+#[derive(Clone)]
+pub struct Fresh {
+    ask: Arc<Notify>,
+    read: channel::Receiver<Option<Instant>>,
+}
+
+/// A [`Fresh`] and the survey's side of it.
+pub fn asking() -> (Asked, Fresh) {
+    let ask = Arc::new(Notify::new());
+    let (read, seen) = channel::channel(None);
+    (
+        Asked {
+            ask: ask.clone(),
+            read,
+        },
+        Fresh { ask, read: seen },
+    )
+}
+
+impl Asked {
+    /// A reading that began at `began` has ended (its facts are settled).
+    pub fn read(&self, began: Instant) {
+        self.read.send_replace(Some(began));
+    }
+
+    /// Resolves when a reader asks for a reading.
+    pub async fn asked(&self) {
+        self.ask.notified().await
+    }
+}
+
+impl Fresh {
+    /// Asks for a reading and waits, at most until `deadline`, for one that
+    /// began at or after `since` to end. Whether one did.
+    pub async fn reading_since(&self, since: Instant, deadline: Instant) -> bool {
+        self.ask.notify_one();
+        let mut read = self.read.clone();
+        let waited = tokio::time::timeout_at(
+            deadline,
+            read.wait_for(|began| began.is_some_and(|b| b >= since)),
+        )
+        .await;
+        matches!(waited, Ok(Ok(_)))
+    }
+}
 
 /// Labels of the `openflux_export_target` metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,6 +158,8 @@ pub struct Survey {
     /// Bumped on every change of the facts.
     pub changed: channel::Sender<u64>,
     pub metrics: TargetMetrics,
+    /// Readings asked for by the webhook, and the news of each reading.
+    pub asked: Asked,
 }
 
 impl Survey {
@@ -111,6 +174,7 @@ impl Survey {
             shutdown.clone(),
         ));
         loop {
+            let began = Instant::now();
             match read(&self.client, &self.flux_namespace).await {
                 Ok(reading) => {
                     self.settle(Facts::decide(self.mode, &reading));
@@ -120,8 +184,10 @@ impl Survey {
                     tracing::warn!(%error, "cannot read the cluster's source APIs; keeping the export targets as they were")
                 }
             }
+            self.asked.read(began);
             tokio::select! {
                 _ = poke.notified() => tokio::time::sleep(SETTLE).await,
+                _ = self.asked.asked() => tokio::time::sleep_until(began + ASK_GAP).await,
                 _ = tokio::time::sleep(SURVEY_PERIOD) => {}
                 _ = shutdown.cancelled() => break,
             }
@@ -281,6 +347,47 @@ async fn read(client: &Client, flux_namespace: &str) -> Result<Reading, kube::Er
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_waits_for_a_reading_that_began_after_it_asked() {
+        let (asked, fresh) = asking();
+        let start = Instant::now();
+        asked.read(start);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let since = Instant::now();
+        // The reading before `since` does not count: nothing more comes, so
+        // the wait ends at its deadline.
+        assert!(
+            !fresh
+                .reading_since(since, since + Duration::from_secs(1))
+                .await
+        );
+        assert_eq!(Instant::now(), since + Duration::from_secs(1));
+        // A survey that reads when asked.
+        let survey = tokio::spawn(async move {
+            loop {
+                asked.asked().await;
+                let began = Instant::now();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                asked.read(began);
+            }
+        });
+        let since = Instant::now();
+        assert!(
+            fresh
+                .reading_since(since, since + Duration::from_secs(1))
+                .await
+        );
+        assert_eq!(Instant::now(), since + Duration::from_millis(200));
+        // A deadline shorter than the reading: not waited past.
+        let since = Instant::now();
+        assert!(
+            !fresh
+                .reading_since(since, since + Duration::from_millis(50))
+                .await
+        );
+        survey.abort();
+    }
 
     #[test]
     fn the_selector_names_the_gated_controllers() {

@@ -105,7 +105,9 @@ pub fn repoint(
             json_patch::patch(&mut decided, &patch).map_err(|e| e.to_string())?
         }
         Decision::Unchanged => {}
-        Decision::Deny { message } | Decision::Error { message, .. } => return Err(message),
+        Decision::Deny { message }
+        | Decision::NotServed { message }
+        | Decision::Error { message, .. } => return Err(message),
     }
     let field = |o: &Value| o.pointer(&pointer(consumer)).cloned();
     let (now, next) = (field(object), field(&decided));

@@ -75,6 +75,8 @@ pub struct Shared {
     pub leading: tokio::sync::watch::Receiver<Option<CancellationToken>>,
     /// Kubernetes Events (and notifications) as openflux.
     pub events: EventRecorder,
+    /// Asks the survey for a reading of the cluster now.
+    pub fresh: survey::Fresh,
 }
 
 /// Runs openflux until SIGTERM/SIGINT. Every replica keeps the owner index
@@ -109,6 +111,7 @@ where
     let (terms, leading) = tokio::sync::watch::channel(None);
     let events = process::event_recorder(&client, runtime)?;
     let (rejects, rejected) = decoded::Rejects::channel(&mut registry);
+    let (asked, fresh) = survey::asking();
     let shared = Shared {
         client: client.clone(),
         index: Arc::new(RwLock::new(OwnerIndex::new())),
@@ -118,6 +121,7 @@ where
         shutdown: CancellationToken::new(),
         leading,
         events: events.clone(),
+        fresh,
     };
     let shutdown = shared.shutdown.clone();
     process::spawn_signal_handler(shutdown.clone());
@@ -151,6 +155,7 @@ where
         facts: shared.facts.clone(),
         changed: facts_changed,
         metrics: target_metrics,
+        asked,
     };
     tokio::spawn(survey.run(
         shared.readiness.serving_watch("export targets"),

@@ -25,6 +25,11 @@ pub enum Decision {
     },
     /// Refuse the object; the message says what to change.
     Deny { message: String },
+    /// Refuse the object: it refers to a kind no API of the cluster serves,
+    /// as far as openflux's last reading of the cluster knows. Answered as
+    /// [`Decision::Deny`]; the server first has the cluster read again and
+    /// decides once more (the kind's CRD may be a moment old).
+    NotServed { message: String },
     /// The request cannot be decided: malformed (400), openflux not ready
     /// (503), or an internal error (500).
     Error { code: u16, message: String },
@@ -36,7 +41,7 @@ impl Decision {
         match self {
             Decision::Unchanged => "unchanged",
             Decision::Rewrite { .. } => "rewritten",
-            Decision::Deny { .. } => "denied",
+            Decision::Deny { .. } | Decision::NotServed { .. } => "denied",
             Decision::Error { .. } => "error",
         }
     }

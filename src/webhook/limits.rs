@@ -37,6 +37,9 @@ pub const LOG_WINDOW: Duration = Duration::from_secs(10);
 
 /// Largest request body accepted: the API server's own request limit.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Time one request gets, from its headers to the answer: the webhook
+/// configuration's `timeoutSeconds` (5). Past it the answer is 408.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a body could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -98,7 +98,7 @@ pub fn note(logs: &LogBudget, answer: &Answer) {
                 return;
             };
             match (decision, review) {
-                (Some(Decision::Deny { message }), _) => {
+                (Some(Decision::Deny { message } | Decision::NotServed { message }), _) => {
                     tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
                 }
                 (Some(Decision::Error { code, message }), _) if *code >= 500 => {

@@ -21,6 +21,7 @@ pub mod large;
 pub mod limits;
 pub mod metrics;
 pub mod publish;
+mod refused;
 pub mod review;
 pub mod rewrite;
 pub mod server;

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -21,14 +21,16 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 pub use super::answer::{answer, answer_parsed, answer_validation, Answer};
-use super::decision::Options;
+use super::decision::{Decision, Options};
 use super::large::LargeParser;
 use super::limits::{content_length, Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
-pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES};
+pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use super::metrics::WebhookMetrics;
+use super::refused::Refused;
 use super::review::{self, AdmissionRequest, ReviewError};
 use super::rewrite::View;
 use crate::cluster::facts::Facts;
+use crate::cluster::survey::Fresh;
 use crate::index::OwnerIndex;
 use crate::locks;
 use crate::policy::Policies;
@@ -47,9 +49,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// or from its last request) before it is closed: longer than the API server keeps an idle connection (Go's 90 s),
 /// so it closes its own first and never sends on one closing here.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
-/// Time one request gets, from its headers to the answer: the webhook
-/// configuration's `timeoutSeconds` (5). Past it the answer is 408.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request whose reference names a kind no API serves waits
+/// for the survey to read the cluster again (a CRD created a moment ago
+/// shows there) before it is refused.
+pub const NOT_SERVED_WAIT: Duration = Duration::from_secs(2);
 /// Time a request waits for room among the requests in flight before it
 /// is answered 429 with `Retry-After: 1` (the API server retries a 429).
 pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
@@ -70,6 +73,10 @@ pub use super::drain::SHUTDOWN_DRAIN;
 pub struct Knowledge {
     pub index: Arc<RwLock<OwnerIndex>>,
     pub facts: Arc<RwLock<Facts>>,
+    /// Asks the survey to read the cluster again before a reference is
+    /// refused for a kind no API serves (none: refused from the facts as
+    /// they are).
+    pub fresh: Option<Fresh>,
     pub policies: Arc<RwLock<Policies>>,
     /// The replica's readiness, held back until the policies are loaded
     /// (none: readiness is not reported).
@@ -81,6 +88,7 @@ impl Default for Knowledge {
         Knowledge {
             index: Arc::default(),
             facts: Arc::default(),
+            fresh: None,
             policies: Arc::new(RwLock::new(crate::policy::NONE.clone())),
             readiness: None,
         }
@@ -156,55 +164,6 @@ async fn respond(state: &AppState, request: Request, answering: Answering) -> Re
     response
 }
 
-/// A request refused before it was decided.
-enum Refused {
-    TooLarge,
-    Busy,
-    Unreadable(String),
-    TimedOut,
-}
-
-impl Refused {
-    fn status(&self) -> StatusCode {
-        match self {
-            Refused::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Refused::Busy => StatusCode::TOO_MANY_REQUESTS,
-            Refused::Unreadable(_) => StatusCode::BAD_REQUEST,
-            Refused::TimedOut => StatusCode::REQUEST_TIMEOUT,
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
-            Refused::TooLarge => BodyError::TooLarge.to_string(),
-            Refused::Busy => "too many admission requests in flight; retry".into(),
-            Refused::Unreadable(why) => why.clone(),
-            Refused::TimedOut => format!("the request was not answered within {REQUEST_TIMEOUT:?}"),
-        }
-    }
-
-    fn answer(&self) -> Answer {
-        Answer {
-            status: self.status(),
-            review: Err(self.message()),
-            consumer: "unknown",
-            outcome: "error",
-            subject: Default::default(),
-            decision: None,
-        }
-    }
-
-    fn response(&self) -> Response {
-        let mut response = (self.status(), self.message()).into_response();
-        if let Refused::Busy = self {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        }
-        response
-    }
-}
-
 async fn handle(
     state: &AppState,
     request: Request,
@@ -219,22 +178,54 @@ async fn handle(
         _ => LARGE_QUEUE_WAIT,
     };
     let admitted = state.admission.enter(declared, MAX_BODY_BYTES as u64, wait);
-    let _permit = admitted.await.ok_or(Refused::Busy)?;
+    let permit = admitted.await.ok_or(Refused::Busy)?;
     let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
         Err(e) => return Err(Refused::Unreadable(e.to_string())),
     };
+    let arrived = tokio::time::Instant::now();
+    let answer = decide_body(state, &body, answering).await?;
+    let Some(fresh) = &state.knowledge.fresh else {
+        return Ok(answer);
+    };
+    if !matches!(answer.decision, Some(Decision::NotServed { .. })) {
+        return Ok(answer);
+    }
+    // The kind may belong to a CRD created a moment ago, which the survey
+    // has not read yet: ask it to read the cluster again (however many
+    // requests ask, it reads at most every `ASK_GAP`) and decide once more
+    // on what it read. The slot is free meanwhile.
+    drop(permit);
+    let deadline = arrived + NOT_SERVED_WAIT;
+    let mut since = arrived;
+    let mut answer = answer;
+    while fresh.reading_since(since, deadline).await {
+        since = tokio::time::Instant::now();
+        answer = decide_body(state, &body, answering).await?;
+        if !matches!(answer.decision, Some(Decision::NotServed { .. })) {
+            break;
+        }
+    }
+    Ok(answer)
+}
+
+/// Parses `body` and answers it from what openflux knows now.
+async fn decide_body(
+    state: &AppState,
+    body: &axum::body::Bytes,
+    answering: Answering,
+) -> Result<Answer, Refused> {
     // A large body is parsed off the runtime's workers, on one thread of
     // lower priority, so the small requests beside it are answered first.
     let parsed = if body.len() as u64 > SMALL_BODY_BYTES {
         let parser = LargeParser::shared().map_err(|e| Refused::Unreadable(e.to_string()))?;
         parser
-            .parse(body)
+            .parse(body.clone())
             .await
             .map_err(|e| Refused::Unreadable(e.to_string()))?
     } else {
-        review::parse(&body)
+        review::parse(body)
     };
     // Hold the read locks for the decision only; they never cross an await.
     let index = locks::read(&state.knowledge.index);
@@ -391,6 +382,7 @@ mod tests {
     use super::*;
     use axum::body::{Body, Bytes};
     use axum::http::Request;
+    use axum::http::StatusCode;
     use tower::ServiceExt;
 
     fn app() -> Router {
@@ -422,6 +414,128 @@ mod tests {
             .await
             .unwrap();
         (status, bytes.to_vec())
+    }
+
+    /// A Kustomization naming HttpSource of sources.openflux.dev, answered
+    /// by a webhook whose facts serve another kind of that group only;
+    /// `fresh`, when given, is answered by a survey that then finds
+    /// HttpSource. The answer's `response`.
+    async fn answer_for_a_kind_served_a_moment_ago(ask: bool) -> serde_json::Value {
+        use crate::cluster::target::{OciVersion, Target};
+        let group = "sources.openflux.dev";
+        let shadow = Target::Shadow(OciVersion::V1);
+        let facts = Arc::new(RwLock::new(Facts::everywhere(shadow, &[("Widget", group)])));
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        let (asked, fresh) = crate::cluster::survey::asking();
+        let survey = tokio::spawn({
+            let facts = facts.clone();
+            async move {
+                asked.asked().await;
+                let began = tokio::time::Instant::now();
+                let served = Facts::everywhere(shadow, &[("Widget", group), ("HttpSource", group)]);
+                *locks::write(&facts) = served;
+                asked.read(began);
+                std::future::pending::<()>().await
+            }
+        });
+        let app = router(AppState::new(
+            Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts,
+                fresh: ask.then_some(fresh),
+                ..Knowledge::default()
+            },
+            WebhookMetrics::default(),
+            Options::default(),
+        ));
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/admission/kustomization-create-custom.json"
+        ))
+        .unwrap();
+        let response = app
+            .oneshot(Request::post(MUTATE_PATH).body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        survey.abort();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let review: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        review["response"].clone()
+    }
+
+    #[tokio::test]
+    async fn a_kind_served_a_moment_ago_is_found_by_reading_the_cluster_again() {
+        let response = answer_for_a_kind_served_a_moment_ago(true).await;
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response["patch"].is_string(), "{response}");
+        // Without asking, the same request is refused from the facts as
+        // they were.
+        let response = answer_for_a_kind_served_a_moment_ago(false).await;
+        assert_eq!(response["allowed"], false, "{response}");
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("which no API of this cluster serves"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kind_still_not_served_is_refused_within_the_wait() {
+        use crate::cluster::target::{OciVersion, Target};
+        let facts = Facts::everywhere(
+            Target::Shadow(OciVersion::V1),
+            &[("Widget", "sources.openflux.dev")],
+        );
+        let mut index = OwnerIndex::new();
+        index.reset([]);
+        // A survey that reads whenever asked and never finds the kind.
+        let (asked, fresh) = crate::cluster::survey::asking();
+        let readings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let survey = tokio::spawn({
+            let readings = readings.clone();
+            async move {
+                loop {
+                    asked.asked().await;
+                    let began = tokio::time::Instant::now();
+                    tokio::time::sleep(crate::cluster::survey::ASK_GAP).await;
+                    readings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    asked.read(began);
+                }
+            }
+        });
+        let app = router(AppState::new(
+            Knowledge {
+                index: Arc::new(RwLock::new(index)),
+                facts: Arc::new(RwLock::new(facts)),
+                fresh: Some(fresh),
+                ..Knowledge::default()
+            },
+            WebhookMetrics::default(),
+            Options::default(),
+        ));
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/admission/kustomization-create-custom.json"
+        ))
+        .unwrap();
+        let started = tokio::time::Instant::now();
+        let response = app
+            .oneshot(Request::post(MUTATE_PATH).body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        survey.abort();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let review: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(review["response"]["allowed"], false, "{review}");
+        assert!(waited <= NOT_SERVED_WAIT, "waited {waited:?}");
+        let readings = readings.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=4).contains(&readings), "{readings} readings");
     }
 
     #[tokio::test]

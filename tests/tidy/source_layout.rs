@@ -103,6 +103,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("webhook::publish", Layer::Shell),
+    ("webhook::refused", Layer::Shell),
     ("watch", Layer::Shell),
     ("watch::backoff", Layer::Pure),
     ("watch::change", Layer::Pure),

@@ -81,7 +81,9 @@ pub fn response(uid: &str, decision: &Decision) -> Result<Vec<u8>, EncodeError> 
                 }
             }))
         }
-        Decision::Deny { message } => Ok(refusal(uid, 403, message)),
+        Decision::Deny { message } | Decision::NotServed { message } => {
+            Ok(refusal(uid, 403, message))
+        }
         Decision::Error { code, message } => Ok(refusal(uid, *code, message)),
     }
 }
@@ -177,7 +179,7 @@ mod tests {
                 response.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
                 response.warnings = warnings;
             }
-            Decision::Deny { message } => {
+            Decision::Deny { message } | Decision::NotServed { message } => {
                 response.allowed = false;
                 response.status = Some(refused(403, message));
             }

@@ -65,11 +65,10 @@ impl Resolver<'_> {
             .collect();
         match groups.as_slice() {
             [one] => Ok((*one).clone()),
-            [] => Err(Decision::Deny {
+            [] => Err(Decision::NotServed {
                 message: format!(
                     "openflux: {} refers to kind {} in {}, which no API of this cluster serves; install \
-                     the CRD of that source kind first (if you just did, apply again in a few seconds), \
-                     or correct the kind",
+                     the CRD of that source kind first, or correct the kind",
                     self.display, r.kind, found.label
                 ),
             }),
@@ -113,11 +112,11 @@ impl Resolver<'_> {
         } else {
             format!(" (the closest served: {})", closest.join(", "))
         };
-        Err(Decision::Deny {
+        Err(Decision::NotServed {
             message: format!(
                 "openflux: {} refers to kind {} of API group {group} in {}, which no API of this \
                  cluster serves{hint}; correct the kind or apiVersion, or install the CRD of that \
-                 source kind first (if you just did, apply again in a few seconds)",
+                 source kind first",
                 self.display, r.kind, found.label
             ),
         })

@@ -176,7 +176,7 @@ fn warnings(decision: &Decision) -> Vec<String> {
 
 fn denial(decision: &Decision) -> &str {
     match decision {
-        Decision::Deny { message } => message,
+        Decision::Deny { message } | Decision::NotServed { message } => message,
         other => panic!("not denied: {other:?}"),
     }
 }

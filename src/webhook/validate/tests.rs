@@ -133,7 +133,7 @@ fn mutate(body: &[u8], policies: &Policies) -> Decision {
 
 fn denial(decision: &Decision) -> &str {
     match decision {
-        Decision::Deny { message } => message,
+        Decision::Deny { message } | Decision::NotServed { message } => message,
         other => panic!("not denied: {other:?}"),
     }
 }
