@@ -5,7 +5,7 @@
 #   docker build --target http-source -t openflux-http-source:0.1.0 .
 #
 # `make images` builds the same two images without a container engine
-# (README.md, "Images"). Both binaries are built once, in one stage, for the
+# (CONTRIBUTING.md, "Images"). Both binaries are built once, in one stage, for the
 # build platform's architecture, and run on distroless cc: glibc and libgcc
 # of the same Debian release as the build stage, CA roots, and the non-root
 # user 65532.

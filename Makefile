@@ -1,6 +1,6 @@
 # openflux: `make demo` runs the demo, `make test` runs every test.
 # The local control plane (etcd, kube-apiserver, kube-controller-manager and
-# stock Flux, all on loopback) is managed by e2e/cluster; see README.md.
+# stock Flux, all on loopback) is managed by e2e/cluster; see CONTRIBUTING.md.
 
 CARGO ?= cargo
 CLUSTER := e2e/cluster
@@ -32,8 +32,8 @@ test: lint cluster-up chart-check
 # The nodes cell's tests alone (tests/e2e_nodes/; `make test` runs them
 # with the rest): two real nodes (kubelet, containerd, runc) on a control
 # plane of their own, Flux as Pods laid out as `flux install` lays it out,
-# openflux installed by the README's "Install beside Flux" and "Install
-# with Flux" blocks (README.md, "Real nodes"). Needs root. The cell is
+# openflux installed by the "Install from a clone" and "Install with Flux
+# from a clone" blocks (CONTRIBUTING.md, "Real nodes"). Needs root. The cell is
 # stopped at the end.
 test-nodes:
 	$(CARGO) test --test e2e_nodes -- --test-threads=1 --nocapture; \
@@ -67,14 +67,14 @@ cluster-status:
 
 # Container images without a container engine: release binaries for this
 # machine, packed with the libraries they need as OCI image archives in
-# target/images/ (README.md, "Images"; the Dockerfile builds the same images
+# target/images/ (CONTRIBUTING.md, "Images"; the Dockerfile builds the same images
 # with a container engine).
 .PHONY: images
 images:
 	CARGO="$(CARGO)" images/build
 
 # openflux's manifests as an OCI artifact in the format `flux push artifact`
-# writes, pinning the images given (README.md, "Install with Flux"):
+# writes, pinning the images given (CONTRIBUTING.md, "Install with Flux from a clone"):
 # target/images/openflux-manifests.oci.tar.
 .PHONY: manifests-artifact
 manifests-artifact:

@@ -1,5 +1,5 @@
-//! openflux as users run it: installed by the README's "Install beside
-//! Flux" block on the nodes cell (two real nodes: kubelet, containerd,
+//! openflux as users run it: installed by the "Install from a clone" block
+//! of CONTRIBUTING.md on the nodes cell (two real nodes: kubelet, containerd,
 //! runc; Flux as Pods), two replicas under the memory limit of
 //! `manifests/deployment.yaml`. N suspended GitRepositories with an artifact
 //! are created while it runs, and the leader mirrors them; then the
@@ -45,8 +45,8 @@ pub async fn run(
     blocking("uninstalling an earlier openflux", || {
         support::nodes::uninstall(&env);
     })?;
-    blocking("installing openflux as the README says", || {
-        support::nodes::install_as_readme_says(&env);
+    blocking("installing openflux as the guide says", || {
+        support::nodes::install_as_the_guide_says(&env);
     })?;
     report.param("pods.sizes", sizes);
     for &n in sizes {

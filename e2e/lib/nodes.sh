@@ -250,7 +250,7 @@ oci_image_archive() {
 }
 
 # registry_push ARCHIVE REFERENCE: copies an OCI archive into the cell's
-# registry (plain HTTP on the cell's address), as the README's users do.
+# registry (plain HTTP on the cell's address), as the install guides' users do.
 registry_push() {
   skopeo copy --quiet --dest-tls-verify=false "oci-archive:$1" "docker://$2" >>"$STATE/logs/registry-push.log" 2>&1 ||
     { log_tail registry-push; fail_up "pushing $1 to $2 failed"; }
@@ -273,7 +273,7 @@ http:
   addr: $REGISTRY
 EOF
   # The registry has no TLS: skopeo is told so as a user tells it, in a
-  # registries.conf drop-in (removed by `down`), so the README's commands
+  # registries.conf drop-in (removed by `down`), so the guide's commands
   # push to it unchanged.
   mkdir -p "$(dirname "$NODES_SKOPEO_CONF")"
   printf '# the openflux e2e nodes cell (%s)\n[[registry]]\nlocation = "%s"\ninsecure = true\n' \

@@ -221,7 +221,7 @@ mod tests {
             .iter()
             .find(|doc| doc["kind"] == "ValidatingAdmissionPolicy")
             .expect("the policy");
-        // First, where the README's kustomize patch replaces it.
+        // First, where docs/install.md's kustomize patch replaces it.
         let variable = &policy["spec"]["variables"][0];
         assert_eq!(variable["name"], json!("fluxNamespace"));
         assert_eq!(

@@ -1,5 +1,5 @@
 //! openflux installed by Flux itself, from the OCI artifact
-//! `make manifests-artifact` packs, as the README's "Install with Flux"
+//! `make manifests-artifact` packs, as the contributors' guide's "Install with Flux from a clone"
 //! says: an OCIRepository and two Flux Kustomizations (`wait: true`), the
 //! second depending on the first.
 
@@ -41,7 +41,7 @@ async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
     .await
 }
 
-/// From nothing (openflux uninstalled), the README's "Install with Flux"
+/// From nothing (openflux uninstalled), the guide's "Install with Flux from a clone"
 /// block installs openflux and the HttpSource controller through Flux's
 /// own Pods: both Flux Kustomizations become Ready with openflux's objects
 /// in their inventories, and a custom source then flows into an unchanged
@@ -52,9 +52,9 @@ async fn installed_by_flux_from_its_oci_artifact_openflux_serves_a_custom_source
     super::INSTALLED.store(false, std::sync::atomic::Ordering::SeqCst);
     tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let out =
-        tokio::task::block_in_place(|| support::nodes::install_with_flux_as_readme_says(&env));
+        tokio::task::block_in_place(|| support::nodes::install_with_flux_as_the_guide_says(&env));
     println!(
-        "README install-with-Flux block:\n{}",
+        "the guide's install-with-Flux block:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let openflux = ready_with_inventory(&env, "openflux").await;

@@ -2,8 +2,8 @@
 //! cell (`e2e/cluster cell nodes up`: two kubelets with containerd and
 //! runc, kube-proxy, CoreDNS, a local registry) runs Flux as Pods laid out
 //! as `flux install` lays it out; openflux and the HttpSource controller are
-//! installed by the README's "Install beside Flux" block, run word for word
-//! (`support::nodes::install_as_readme_says`), their images pulled from the
+//! installed by the "Install from a clone" block of CONTRIBUTING.md, run word
+//! for word (`support::nodes::install_as_the_guide_says`), their images pulled from the
 //! cell's registry.
 //!
 //! The tests share one installation (made by the first test that needs it)
@@ -50,12 +50,12 @@ const ROLLOUT: Duration = Duration::from_secs(300);
 /// endpoints.
 const ROUTED: Duration = Duration::from_secs(60);
 
-/// Whether this process installed openflux as the README says and nothing
+/// Whether this process installed openflux as the guide says and nothing
 /// replaced that installation since (the tests installing it otherwise
 /// clear it).
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// The nodes cell, with openflux installed as the README says (once per
+/// The nodes cell, with openflux installed as the guide says (once per
 /// test process).
 async fn installed() -> Env {
     let env = support::cell(Cell::Nodes).await;
@@ -64,9 +64,9 @@ async fn installed() -> Env {
         // by kubectl or by Flux.
         tokio::task::block_in_place(|| support::nodes::uninstall(&env));
         // Blocking on purpose: the block builds images and waits for rollouts.
-        let out = tokio::task::block_in_place(|| support::nodes::install_as_readme_says(&env));
+        let out = tokio::task::block_in_place(|| support::nodes::install_as_the_guide_says(&env));
         println!(
-            "README install block:\n{}",
+            "the guide's install block:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         INSTALLED.store(true, Ordering::SeqCst);

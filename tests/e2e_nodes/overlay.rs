@@ -20,7 +20,7 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 }
 
 /// A kustomization in `dir` installing `manifests` with openflux's image
-/// `image` (by digest), as the README's overlay does, then `extra` (YAML
+/// `image` (by digest), as the guide's overlay does, then `extra` (YAML
 /// of more kustomization fields, such as `patches:`).
 pub fn write(dir: &Path, manifests: &Path, image: &str, extra: &str) {
     let (name, digest) = image.split_once('@').expect("an image by digest");

@@ -1,5 +1,5 @@
 //! A broken openflux repaired through Flux: openflux installed by the
-//! README's "Install with Flux" block, a tenant's Flux Kustomization of a
+//! guide's "Install with Flux from a clone" block, a tenant's Flux Kustomization of a
 //! custom source that `dependsOn` it, then a release of openflux whose image
 //! cannot start pushed and taken by the same OCIRepository. While it is
 //! broken the tenant's new content is not applied (its dependency is not
@@ -83,7 +83,7 @@ async fn a_broken_openflux_is_repaired_through_flux_while_its_dependents_wait() 
     super::INSTALLED.store(false, Ordering::SeqCst);
     tokio::task::block_in_place(|| support::nodes::uninstall(&env));
     let out =
-        tokio::task::block_in_place(|| support::nodes::install_with_flux_as_readme_says(&env));
+        tokio::task::block_in_place(|| support::nodes::install_with_flux_as_the_guide_says(&env));
     assert!(out.status.success(), "the install-with-Flux block failed");
     all_available(
         &env,
@@ -91,7 +91,7 @@ async fn a_broken_openflux_is_repaired_through_flux_while_its_dependents_wait() 
         &["openflux", "openflux-http-source"],
     )
     .await;
-    // A short health-check timeout, as the README advises, so the broken
+    // A short health-check timeout, as docs/install.md advises, so the broken
     // revision's checks end within the test.
     merge(
         &env,

@@ -1,61 +1,65 @@
 //! The nodes cell ([`crate::Cell::Nodes`]): real nodes on the local control
-//! plane, Flux running as Pods, openflux installed as the README tells a
-//! user to install it.
+//! plane, Flux running as Pods, openflux installed from a clone as the
+//! contributors' guide (CONTRIBUTING.md) tells.
 //!
-//! [`install_block`] is the `sh` block of the README's "Install beside
-//! Flux" section, and [`install_as_readme_says`] runs exactly that text,
-//! so what the tests install and what the README says cannot drift apart.
+//! [`install_block`] is the `sh` block of the guide's "Install from a
+//! clone" section, and [`install_as_the_guide_says`] runs exactly that
+//! text, so what the tests install and what the guide says cannot drift
+//! apart.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::{workspace_root, Env};
 
-/// The README section whose first `sh` block is the install sequence.
-pub const INSTALL_SECTION: &str = "## Install beside Flux";
+/// The file that holds the install blocks, at the repository's root.
+pub const GUIDE: &str = "CONTRIBUTING.md";
+
+/// The [`GUIDE`]'s section whose first `sh` block is the install sequence.
+pub const INSTALL_SECTION: &str = "## Install from a clone";
 
 /// What the install block leaves in the directory it runs in (the
-/// repository root), removed before and after [`install_as_readme_says`].
+/// repository root), removed before and after [`install_as_the_guide_says`].
 pub const INSTALL_OUTPUTS: [&str; 1] = ["openflux-install"];
 
-/// The README section whose first `sh` block installs openflux with Flux
-/// from its OCI artifact (after the images are pushed as in
+/// The [`GUIDE`]'s section whose first `sh` block installs openflux with
+/// Flux from its OCI artifact (after the images are pushed as in
 /// [`INSTALL_SECTION`]).
-pub const FLUX_INSTALL_SECTION: &str = "## Install with Flux";
+pub const FLUX_INSTALL_SECTION: &str = "## Install with Flux from a clone";
 
-/// The first `sh` block of section `heading` in `readme`.
-pub fn sh_block_of(readme: &str, heading: &str) -> Result<String, String> {
-    let start = readme
+/// The first `sh` block of section `heading` in `guide`.
+pub fn sh_block_of(guide: &str, heading: &str) -> Result<String, String> {
+    let start = guide
         .find(&format!("\n{heading}\n"))
-        .ok_or_else(|| format!("README.md has no section '{heading}'"))?;
-    let section = &readme[start + 1..];
+        .ok_or_else(|| format!("{GUIDE} has no section '{heading}'"))?;
+    let section = &guide[start + 1..];
     let end = section[heading.len()..]
         .find("\n## ")
         .map_or(section.len(), |i| i + heading.len());
     let section = &section[..end];
     let open = section
         .find("\n```sh\n")
-        .ok_or_else(|| format!("README.md's '{heading}' has no sh block"))?;
+        .ok_or_else(|| format!("{GUIDE}'s '{heading}' has no sh block"))?;
     let body = &section[open + "\n```sh\n".len()..];
     let close = body
         .find("\n```")
-        .ok_or_else(|| format!("README.md's '{heading}' sh block is not closed"))?;
+        .ok_or_else(|| format!("{GUIDE}'s '{heading}' sh block is not closed"))?;
     Ok(body[..close + 1].to_string())
 }
 
-/// The first `sh` block of [`INSTALL_SECTION`] in `readme`.
-pub fn install_block_of(readme: &str) -> Result<String, String> {
-    sh_block_of(readme, INSTALL_SECTION)
+/// The first `sh` block of [`INSTALL_SECTION`] in `guide`.
+pub fn install_block_of(guide: &str) -> Result<String, String> {
+    sh_block_of(guide, INSTALL_SECTION)
 }
 
-fn readme() -> String {
-    let path = workspace_root().join("README.md");
+fn guide() -> String {
+    let path = workspace_root().join(GUIDE);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// The install block of this repository's README.md.
+/// The install block of this repository's [`GUIDE`].
 pub fn install_block() -> String {
-    install_block_of(&readme()).unwrap_or_else(|e| panic!("{e}"))
+    install_block_of(&guide()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The lines of `block` down to its last `skopeo copy` command (with that
@@ -73,15 +77,15 @@ pub fn through_image_push(block: &str) -> Result<String, String> {
     Ok(lines[..=end].join("\n") + "\n")
 }
 
-/// What installs openflux with Flux as the README says: the install
+/// What installs openflux with Flux as the guide says: the install
 /// block's image push, then the first `sh` block of
 /// [`FLUX_INSTALL_SECTION`].
 pub fn flux_install_block() -> String {
-    let readme = readme();
-    let push = install_block_of(&readme)
+    let guide = guide();
+    let push = install_block_of(&guide)
         .and_then(|b| through_image_push(&b))
         .unwrap_or_else(|e| panic!("{e}"));
-    let flux = sh_block_of(&readme, FLUX_INSTALL_SECTION).unwrap_or_else(|e| panic!("{e}"));
+    let flux = sh_block_of(&guide, FLUX_INSTALL_SECTION).unwrap_or_else(|e| panic!("{e}"));
     push + &flux
 }
 
@@ -149,7 +153,7 @@ pub fn node_processes(binary: &str) -> Vec<u32> {
     pids
 }
 
-/// Removes openflux as the README's "Uninstall" does (steps 2 to 4), and
+/// Removes openflux as docs/install.md's "Uninstall" does (steps 2 to 4), and
 /// the Flux objects of an earlier install with Flux, so what follows
 /// installs from nothing.
 pub fn uninstall(env: &Env) {
@@ -240,7 +244,7 @@ pub fn start_node(number: &str) {
 /// The openflux image again, from the release binaries `make images`
 /// built, stamped `epoch` (`SOURCE_DATE_EPOCH`): the same program under
 /// another digest, as a new release would be. Pushed to the cell's registry
-/// as `openflux:<tag>` with skopeo (as the README does); returns the
+/// as `openflux:<tag>` with skopeo (as the guide does); returns the
 /// reference by digest, `<registry>/openflux@sha256:...`.
 pub fn push_restamped_openflux(env: &Env, epoch: u64, tag: &str) -> String {
     let root = workspace_root();
@@ -290,20 +294,20 @@ fn remove_outputs(root: &Path) {
     }
 }
 
-/// Runs the README's install block (bash, `-euo pipefail`) from the
+/// Runs the guide's install block (bash, `-euo pipefail`) from the
 /// repository root against the nodes cell: `kubectl` is the cell's,
 /// `REGISTRY` the cell's registry (plain HTTP: the cell tells skopeo so in
 /// a registries.conf drop-in, as a user does), `openflux` the release
 /// binary `make images` builds. Its outputs are removed before and after.
 /// Panics with the block's output when it fails.
-pub fn install_as_readme_says(env: &Env) -> Output {
+pub fn install_as_the_guide_says(env: &Env) -> Output {
     run_block(env, &install_block(), "install beside Flux")
 }
 
-/// Installs openflux with Flux from its OCI artifact as the README says
+/// Installs openflux with Flux from its OCI artifact as the guide says
 /// ([`flux_install_block`]), the artifact pushed to the cell's registry
-/// (plain HTTP, so `OCI_INSECURE=true` as the README tells).
-pub fn install_with_flux_as_readme_says(env: &Env) -> Output {
+/// (plain HTTP, so `OCI_INSECURE=true` as the guide tells).
+pub fn install_with_flux_as_the_guide_says(env: &Env) -> Output {
     run_block(env, &flux_install_block(), "install with Flux")
 }
 
@@ -338,7 +342,7 @@ fn run_block(env: &Env, block: &str, what: &str) -> Output {
     remove_outputs(&root);
     assert!(
         out.status.success(),
-        "the README's {what} block failed ({}):\n{block}\n----- stdout\n{}\n----- stderr\n{}",
+        "{GUIDE}'s {what} block failed ({}):\n{block}\n----- stdout\n{}\n----- stderr\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -352,16 +356,16 @@ mod tests {
 
     #[test]
     fn the_install_block_is_the_first_sh_block_of_its_section() {
-        let readme = "# x\n\n## Install beside Flux\n\ntext\n\n```yaml\na: b\n```\n\n```sh\nmake images\nkubectl apply -k x/\n```\n\n```sh\nno\n```\n\n## Next\n\n```sh\nother\n```\n";
+        let guide = "# x\n\n## Install from a clone\n\ntext\n\n```yaml\na: b\n```\n\n```sh\nmake images\nkubectl apply -k x/\n```\n\n```sh\nno\n```\n\n## Next\n\n```sh\nother\n```\n";
         assert_eq!(
-            install_block_of(readme).unwrap(),
+            install_block_of(guide).unwrap(),
             "make images\nkubectl apply -k x/\n"
         );
-        assert!(
-            install_block_of("\n## Install beside Flux\n\nno block\n## Next\n```sh\nx\n```\n")
-                .unwrap_err()
-                .contains("has no sh block")
-        );
+        assert!(install_block_of(
+            "\n## Install from a clone\n\nno block\n## Next\n```sh\nx\n```\n"
+        )
+        .unwrap_err()
+        .contains("has no sh block"));
         assert!(install_block_of("# none\n")
             .unwrap_err()
             .contains("no section"));
@@ -379,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_installs_with_flux_from_the_pushed_images() {
+    fn the_guide_installs_with_flux_from_the_pushed_images() {
         let block = flux_install_block();
         assert!(block.contains("skopeo copy"), "{block}");
         assert!(block.contains("make manifests-artifact"), "{block}");
@@ -388,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_has_an_install_block_that_installs_with_kubectl() {
+    fn the_guide_has_an_install_block_that_installs_with_kubectl() {
         let block = install_block();
         assert!(block.contains("make images"), "{block}");
         assert!(block.contains("kubectl apply -k"), "{block}");

@@ -1,6 +1,7 @@
 //! e2e/versions.env is the single source of truth for the versions of the
-//! local control plane: README.md and docs/*.md must not name another
-//! version of a pinned component. No cluster needed.
+//! local control plane: README.md, CONTRIBUTING.md and docs/*.md must not
+//! name another version of a pinned component, and CONTRIBUTING.md names
+//! each pinned one. No cluster needed.
 //!
 //! Every `<NAME>_VERSION=vX.Y.Z` line of versions.env pins the component
 //! `<name>` (lower case, `_` as `-`: `KUSTOMIZE_CONTROLLER_VERSION` pins
@@ -129,7 +130,7 @@ fn check(
 }
 
 fn docs(root: &Path) -> Vec<PathBuf> {
-    let mut files = vec![root.join("README.md")];
+    let mut files = vec![root.join("README.md"), root.join("CONTRIBUTING.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("reading docs/")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -163,14 +164,14 @@ fn docs_name_only_the_pinned_versions() {
             .to_string();
         let (w, _) = check(&name, &text, &pins, None);
         wrong.extend(w);
-        if name == "README.md" {
-            // The README states every pinned version at least once.
+        if name == "CONTRIBUTING.md" {
+            // The contributors' guide states every pinned version at least once.
             for pin in &pins {
                 let (component, pinned) = pin;
                 let (_, agreed) = check(&name, &text, &pins, Some(pin));
                 assert!(
                     agreed > 0,
-                    "README.md does not name {component} {pinned} (pinned in e2e/versions.env)"
+                    "CONTRIBUTING.md does not name {component} {pinned} (pinned in e2e/versions.env)"
                 );
             }
         }

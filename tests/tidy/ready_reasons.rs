@@ -1,11 +1,11 @@
 //! Every reason openflux writes into an Artifact's `Ready` condition has a
-//! row in the README's table of reasons, read from the `reason` module's
+//! row in docs/troubleshooting.md's table of reasons, read from the `reason` module's
 //! source so that a new reason without a row fails here.
 
 use std::path::Path;
 
 #[test]
-fn every_ready_reason_has_a_row_in_the_readme() {
+fn every_ready_reason_has_a_row_in_the_troubleshooting_page() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let api = std::fs::read_to_string(root.join("crates/openflux-api/src/lib.rs")).unwrap();
     let module = api
@@ -21,13 +21,13 @@ fn every_ready_reason_has_a_row_in_the_readme() {
         .filter(|r| *r != openflux::api::reason::SUCCEEDED)
         .collect();
     assert!(reasons.len() >= 6, "read {reasons:?}");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let page = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
     let missing: Vec<&&str> = reasons
         .iter()
-        .filter(|r| !readme.lines().any(|l| l.starts_with(&format!("| `{r}` |"))))
+        .filter(|r| !page.lines().any(|l| l.starts_with(&format!("| `{r}` |"))))
         .collect();
     assert!(
         missing.is_empty(),
-        "README.md has no row for the Ready reasons {missing:?}"
+        "docs/troubleshooting.md has no row for the Ready reasons {missing:?}"
     );
 }
