@@ -93,6 +93,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 .runtime_namespace()
                 .ok()
                 .map(str::to_string);
+            // A shard other than the main one serves the certificate and the
+            // configuration the main shard's leader keeps, and writes
+            // neither: to it, no term ever starts. (A selector that does not
+            // parse stops `run` with its error.)
+            let keeps_shared = args.shard().map_or(true, |shard| shard.keeps_shared());
             openflux::runtime::run(args, client, move |shared| {
                 let metrics =
                     openflux::webhook::register(&mut openflux::locks::lock(&shared.registry));
@@ -102,7 +107,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                         client: shared.client.clone(),
                         namespace,
                         readiness: Some(shared.readiness.clone()),
-                        leading: Some(shared.leading.clone()),
+                        leading: Some(if keeps_shared {
+                            shared.leading.clone()
+                        } else {
+                            tokio::sync::watch::channel(None).1
+                        }),
                         events: Some(shared.events.clone()),
                     }),
                     openflux::webhook::Knowledge {

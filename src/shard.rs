@@ -53,6 +53,16 @@ impl Shard {
     pub fn selector(&self) -> &str {
         self.selector.as_str()
     }
+
+    /// Whether this shard's leader keeps what all shards share and only one
+    /// may write: the webhook's certificate Secret and the validating
+    /// webhook configuration. The shard that takes the objects without a
+    /// shard label does (the main one, `!sharding.fluxcd.io/key`, or an
+    /// openflux that is not sharded); the other shards' replicas serve
+    /// from what it keeps.
+    pub fn keeps_shared(&self) -> bool {
+        self.owns(&BTreeMap::new())
+    }
 }
 
 /// `base`, or `base-<8 hex of sha256(selector)>` for a non-empty selector.
@@ -108,6 +118,14 @@ mod tests {
         // Unsharded: everything.
         assert!(Shard::default().owns(&labels(Some("shard1"))));
         assert!(Shard::default().owns(&labels(None)));
+    }
+
+    #[test]
+    fn only_the_main_shard_keeps_what_shards_share() {
+        assert!(Shard::default().keeps_shared());
+        assert!(shard("!sharding.fluxcd.io/key").keeps_shared());
+        assert!(!shard("sharding.fluxcd.io/key=shard1").keeps_shared());
+        assert!(!shard("sharding.fluxcd.io/key in (shard1,shard2)").keeps_shared());
     }
 
     #[test]

@@ -676,3 +676,85 @@ async fn openflux_may_create_no_secret_but_its_certificates() {
         .expect("its certificate Secret");
     ns.delete().await;
 }
+
+/// Sharded, the leader of the main shard alone keeps the certificate
+/// Secret. A shard's leader (its API traffic seen through a proxy) serves
+/// the Secret and never writes it: not while the main shard runs, not when
+/// the Secret is deleted with the main shard down, and the Secret the main
+/// shard makes again once it is back is served by the shard too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_main_shards_leader_writes_the_secret() {
+    let env = support::cluster().await;
+    support::install_artifact_crd(&env).await;
+    support::wait_established(&env, &["artifacts.openflux.dev"]).await;
+    let ns = env.namespace("certs-shards").await;
+    let n = ns.name().to_string();
+    let args = |selector: &str, addr: SocketAddr| -> Vec<String> {
+        vec![
+            "--watch-all-namespaces=false".to_string(),
+            format!("--namespace={n}"),
+            "--enable-leader-election".to_string(),
+            "--leader-election-lease-duration=4s".to_string(),
+            "--leader-election-renew-deadline=3s".to_string(),
+            "--leader-election-retry-period=1s".to_string(),
+            format!("--watch-label-selector={selector}"),
+            format!("--webhook-addr={addr}"),
+            "--webhook-cert-secret".to_string(),
+        ]
+    };
+    let start_main = || {
+        let main_args = args("!sharding.fluxcd.io/key", free_addr());
+        let env = &env;
+        async move {
+            let main_args: Vec<&str> = main_args.iter().map(String::as_str).collect();
+            Openflux::start(env, "certs-main", &main_args).await
+        }
+    };
+    let main = start_main().await;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &n);
+    let first = secrets.get(SECRET).await.expect("the main shard's Secret");
+
+    let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
+    let proxy = support::proxy::ApiProxy::start(&identity).await;
+    let shard_addr = free_addr();
+    let shard_args = args("sharding.fluxcd.io/key=shard1", shard_addr);
+    let shard_args: Vec<&str> = shard_args.iter().map(String::as_str).collect();
+    let shard =
+        Openflux::start_as(&env, "certs-shard1", &shard_args, Some(proxy.kubeconfig())).await;
+    wait_for("the shard to lead", support::TIMEOUT, || async {
+        (shard.metric("openflux_leader ").await == Some(1.0)).then_some(())
+    })
+    .await;
+
+    // With the main shard down, the Secret deleted: the shard's leader,
+    // woken by the deletion, leaves it to the main shard.
+    drop(main);
+    secrets
+        .delete(SECRET, &Default::default())
+        .await
+        .expect("deleting the Secret");
+    let main = start_main().await;
+    let made = wait_for("the Secret made again", support::TIMEOUT, || async {
+        let secret = secrets.get_opt(SECRET).await.ok()??;
+        (secret.metadata.uid != first.metadata.uid).then_some(secret)
+    })
+    .await;
+    let ca = made.data.expect("the Secret's data")["ca.crt"].0.clone();
+    wait_for(
+        "the shard to serve the new Secret",
+        support::TIMEOUT,
+        || async { connect(shard_addr, &ca).await.ok().map(|_| ()) },
+    )
+    .await;
+    let written: Vec<_> = proxy
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.contains("/secrets") || w.path.contains("webhookconfigurations"))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "the shard's leader wrote what the main shard keeps: {written:#?}"
+    );
+    drop((main, shard));
+    ns.delete().await;
+}
