@@ -36,22 +36,7 @@ pub fn archives() -> &'static Path {
             .env_remove("SOURCE_DATE_EPOCH")
             .stdin(Stdio::null());
         // What cargo sets for the running test is not meant for the build.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_PKG_")
-                || name.starts_with("CARGO_BIN_")
-                || [
-                    "CARGO_MANIFEST_DIR",
-                    "CARGO_MANIFEST_PATH",
-                    "CARGO_CRATE_NAME",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                ]
-                .contains(&name.as_ref())
-            {
-                cmd.env_remove(name.as_ref());
-            }
-        }
+        support::without_test_env(&mut cmd);
         let status = cmd
             .status()
             .map_err(|e| format!("running {}: {e}", script.display()))?;

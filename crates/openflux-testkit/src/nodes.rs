@@ -329,7 +329,10 @@ fn run_block(env: &Env, block: &str, what: &str) -> Output {
     ))
     .expect("PATH");
     remove_outputs(&root);
-    let out = Command::new("bash")
+    // The block's `make images` is the build e2e_images made: with the
+    // test's cargo variables it would build the release binaries again.
+    let mut bash = Command::new("bash");
+    let out = crate::without_test_env(&mut bash)
         .args(["-euo", "pipefail", "-c", block])
         .current_dir(&root)
         .env("KUBECONFIG", &kubeconfig)
