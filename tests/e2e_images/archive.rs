@@ -36,7 +36,7 @@ pub fn archives() -> &'static Path {
             .env_remove("SOURCE_DATE_EPOCH")
             .stdin(Stdio::null());
         // What cargo sets for the running test is not meant for the build.
-        support::without_test_env(&mut cmd);
+        support::openflux::without_test_env(&mut cmd);
         let status = cmd
             .status()
             .map_err(|e| format!("running {}: {e}", script.display()))?;

@@ -94,32 +94,6 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Removes from `cmd`'s environment what cargo sets for the running test
-/// (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...), for a command that runs
-/// cargo itself. Cargo compares the variables build scripts track (ring's
-/// include `CARGO_PKG_NAME`) with its own environment: inherited from a
-/// test, they would differ from a build started elsewhere, and every crate
-/// above such a build script would be built again.
-pub fn without_test_env(cmd: &mut std::process::Command) -> &mut std::process::Command {
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_")
-            || [
-                "CARGO_MANIFEST_DIR",
-                "CARGO_MANIFEST_PATH",
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-            ]
-            .contains(&name.as_ref())
-        {
-            cmd.env_remove(name.as_ref());
-        }
-    }
-    cmd
-}
-
 /// Path of a binary of this workspace that cargo built for the running test
 /// or benchmark: test executables live in `target/<profile>/deps/`, the
 /// binaries one level up. `cargo test --workspace --all-targets` builds them

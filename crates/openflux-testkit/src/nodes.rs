@@ -332,7 +332,7 @@ fn run_block(env: &Env, block: &str, what: &str) -> Output {
     // The block's `make images` is the build e2e_images made: with the
     // test's cargo variables it would build the release binaries again.
     let mut bash = Command::new("bash");
-    let out = crate::without_test_env(&mut bash)
+    let out = crate::openflux::without_test_env(&mut bash)
         .args(["-euo", "pipefail", "-c", block])
         .current_dir(&root)
         .env("KUBECONFIG", &kubeconfig)

@@ -39,6 +39,32 @@ pub fn free_addr() -> SocketAddr {
     }
 }
 
+/// Removes from `cmd`'s environment what cargo sets for the running test
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...), for a command that runs
+/// cargo itself. Cargo compares the variables build scripts track (ring's
+/// include `CARGO_PKG_NAME`) with its own environment: inherited from a
+/// test, they would differ from a build started elsewhere, and every crate
+/// above such a build script would be built again.
+pub fn without_test_env(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            cmd.env_remove(name.as_ref());
+        }
+    }
+    cmd
+}
+
 /// Path of the openflux binary cargo built for this test run.
 pub fn binary() -> PathBuf {
     super::workspace_bin("openflux")

@@ -101,7 +101,8 @@ pub fn current_image(env: &Env) -> String {
     let root = workspace_root();
     run(
         "images/build",
-        crate::without_test_env(&mut Command::new(root.join("images/build"))).current_dir(&root),
+        crate::openflux::without_test_env(&mut Command::new(root.join("images/build")))
+            .current_dir(&root),
     );
     let release = target_dir().join("release");
     pack_and_push(
