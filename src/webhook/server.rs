@@ -416,34 +416,20 @@ mod tests {
         (status, bytes.to_vec())
     }
 
-    /// A Kustomization naming HttpSource of sources.openflux.dev, answered
-    /// by a webhook whose facts serve another kind of that group only;
-    /// `fresh`, when given, is answered by a survey that then finds
-    /// HttpSource. The answer's `response`.
-    async fn answer_for_a_kind_served_a_moment_ago(ask: bool) -> serde_json::Value {
-        use crate::cluster::target::{OciVersion, Target};
-        let group = "sources.openflux.dev";
-        let shadow = Target::Shadow(OciVersion::V1);
-        let facts = Arc::new(RwLock::new(Facts::everywhere(shadow, &[("Widget", group)])));
+    /// Posts the fixture of a Kustomization naming HttpSource of
+    /// sources.openflux.dev to a webhook that knows no Artifact, decides
+    /// from `facts` and asks `fresh`; the AdmissionReview answered.
+    async fn review_of_httpsource_reference(
+        facts: Arc<RwLock<Facts>>,
+        fresh: Option<Fresh>,
+    ) -> serde_json::Value {
         let mut index = OwnerIndex::new();
         index.reset([]);
-        let (asked, fresh) = crate::cluster::survey::asking();
-        let survey = tokio::spawn({
-            let facts = facts.clone();
-            async move {
-                asked.asked().await;
-                let began = tokio::time::Instant::now();
-                let served = Facts::everywhere(shadow, &[("Widget", group), ("HttpSource", group)]);
-                *locks::write(&facts) = served;
-                asked.read(began);
-                std::future::pending::<()>().await
-            }
-        });
         let app = router(AppState::new(
             Knowledge {
                 index: Arc::new(RwLock::new(index)),
                 facts,
-                fresh: ask.then_some(fresh),
+                fresh,
                 ..Knowledge::default()
             },
             WebhookMetrics::default(),
@@ -458,11 +444,35 @@ mod tests {
             .oneshot(Request::post(MUTATE_PATH).body(Body::from(body)).unwrap())
             .await
             .unwrap();
-        survey.abort();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
-        let review: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// A Kustomization naming HttpSource of sources.openflux.dev, answered
+    /// by a webhook whose facts serve another kind of that group only;
+    /// `fresh`, when given, is answered by a survey that then finds
+    /// HttpSource. The answer's `response`.
+    async fn answer_for_a_kind_served_a_moment_ago(ask: bool) -> serde_json::Value {
+        use crate::cluster::target::{OciVersion, Target};
+        let group = "sources.openflux.dev";
+        let shadow = Target::Shadow(OciVersion::V1);
+        let facts = Arc::new(RwLock::new(Facts::everywhere(shadow, &[("Widget", group)])));
+        let (asked, fresh) = crate::cluster::survey::asking();
+        let survey = tokio::spawn({
+            let facts = facts.clone();
+            async move {
+                asked.asked().await;
+                let began = tokio::time::Instant::now();
+                let served = Facts::everywhere(shadow, &[("Widget", group), ("HttpSource", group)]);
+                *locks::write(&facts) = served;
+                asked.read(began);
+                std::future::pending::<()>().await
+            }
+        });
+        let review = review_of_httpsource_reference(facts, ask.then_some(fresh)).await;
+        survey.abort();
         review["response"].clone()
     }
 
@@ -489,8 +499,6 @@ mod tests {
             Target::Shadow(OciVersion::V1),
             &[("Widget", "sources.openflux.dev")],
         );
-        let mut index = OwnerIndex::new();
-        index.reset([]);
         // A survey that reads whenever asked and never finds the kind.
         let (asked, fresh) = crate::cluster::survey::asking();
         let readings = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -506,32 +514,11 @@ mod tests {
                 }
             }
         });
-        let app = router(AppState::new(
-            Knowledge {
-                index: Arc::new(RwLock::new(index)),
-                facts: Arc::new(RwLock::new(facts)),
-                fresh: Some(fresh),
-                ..Knowledge::default()
-            },
-            WebhookMetrics::default(),
-            Options::default(),
-        ));
-        let body = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/admission/kustomization-create-custom.json"
-        ))
-        .unwrap();
         let started = tokio::time::Instant::now();
-        let response = app
-            .oneshot(Request::post(MUTATE_PATH).body(Body::from(body)).unwrap())
-            .await
-            .unwrap();
+        let review =
+            review_of_httpsource_reference(Arc::new(RwLock::new(facts)), Some(fresh)).await;
         let waited = started.elapsed();
         survey.abort();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let review: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(review["response"]["allowed"], false, "{review}");
         assert!(waited <= NOT_SERVED_WAIT, "waited {waited:?}");
         let readings = readings.load(std::sync::atomic::Ordering::SeqCst);
