@@ -14,7 +14,7 @@ use super::{custom_source_flows, ROLLOUT};
 const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 
 /// The Flux Kustomization `name` in flux-system: Ready, and its inventory.
-async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
+pub(super) async fn ready_with_inventory(env: &Env, name: &str) -> Vec<String> {
     support::wait_for(
         &format!("the Flux Kustomization {name} Ready"),
         ROLLOUT,

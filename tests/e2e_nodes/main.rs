@@ -20,6 +20,7 @@ mod flux_install;
 mod helm;
 mod load;
 mod overlay;
+mod release;
 mod repair;
 mod rotation;
 mod upgrade;

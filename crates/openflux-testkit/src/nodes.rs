@@ -29,21 +29,28 @@ pub const FLUX_INSTALL_SECTION: &str = "## Install with Flux from a clone";
 
 /// The first `sh` block of section `heading` in `guide`.
 pub fn sh_block_of(guide: &str, heading: &str) -> Result<String, String> {
-    let start = guide
+    block_of(GUIDE, guide, heading, "sh")
+}
+
+/// The first block fenced as ```` ```lang ```` in section `heading` (a
+/// `## ` heading) of `text`, the markdown file `file`.
+pub fn block_of(file: &str, text: &str, heading: &str, lang: &str) -> Result<String, String> {
+    let start = text
         .find(&format!("\n{heading}\n"))
-        .ok_or_else(|| format!("{GUIDE} has no section '{heading}'"))?;
-    let section = &guide[start + 1..];
+        .ok_or_else(|| format!("{file} has no section '{heading}'"))?;
+    let section = &text[start + 1..];
     let end = section[heading.len()..]
         .find("\n## ")
         .map_or(section.len(), |i| i + heading.len());
     let section = &section[..end];
+    let fence = format!("\n```{lang}\n");
     let open = section
-        .find("\n```sh\n")
-        .ok_or_else(|| format!("{GUIDE}'s '{heading}' has no sh block"))?;
-    let body = &section[open + "\n```sh\n".len()..];
+        .find(&fence)
+        .ok_or_else(|| format!("{file}'s '{heading}' has no {lang} block"))?;
+    let body = &section[open + fence.len()..];
     let close = body
         .find("\n```")
-        .ok_or_else(|| format!("{GUIDE}'s '{heading}' sh block is not closed"))?;
+        .ok_or_else(|| format!("{file}'s '{heading}' {lang} block is not closed"))?;
     Ok(body[..close + 1].to_string())
 }
 

@@ -1,9 +1,12 @@
-//! Images of openflux for the nodes cell's upgrade test: this build's, and
-//! the previous release's, built from its commit (`OPENFLUX_PREVIOUS_RELEASE`
-//! in e2e/versions.env), each pushed to the cell's registry by digest.
+//! Releases of openflux for the nodes cell's tests: this tree's release
+//! bundle (`make release`, then `make publish` to the cell's registry), and
+//! for the upgrade test this build's image and the previous release's,
+//! built from its commit (`OPENFLUX_PREVIOUS_RELEASE` in e2e/versions.env),
+//! each pushed to the cell's registry by digest.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 use crate::nodes::registry;
 use crate::{workspace_root, Env};
@@ -162,4 +165,78 @@ pub fn previous(env: &Env) -> Previous {
         image,
         binary,
     }
+}
+
+/// A release of this tree, published to the nodes cell's registry.
+pub struct Bundle {
+    /// The workspace's version, the release's.
+    pub version: String,
+    /// Where it is published: `<cell registry>/release`.
+    pub registry: String,
+    /// `target/dist/<version>`: install.yaml, cosign.pub, SHA256SUMS...
+    pub dir: PathBuf,
+    /// The helm `make release` built (from its Go module).
+    pub helm: PathBuf,
+}
+
+/// The version in the workspace's Cargo.toml.
+pub fn workspace_version() -> String {
+    let path = workspace_root().join("Cargo.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{} names no version", path.display()))
+        .to_string()
+}
+
+static BUNDLE: OnceLock<Bundle> = OnceLock::new();
+
+/// This tree released as `make release` does and pushed as `make publish`
+/// does to the cell's registry (plain HTTP), once per test process:
+/// signed, with install.yaml, the chart and the manifests artifact, all
+/// naming the images by digest. Two differences from a release, both said:
+/// a tree with uncommitted changes is allowed (`ALLOW_DIRTY=1`), and the
+/// images are this machine's platform alone (`PLATFORMS`), sparing the
+/// arm64 cross build; this machine's binaries are the ones `make images`
+/// built.
+pub fn published_bundle(env: &Env) -> &'static Bundle {
+    BUNDLE.get_or_init(|| {
+        let root = workspace_root();
+        let version = workspace_version();
+        let registry = format!("{}/release", registry(env));
+        let platform = match std::env::consts::ARCH {
+            "x86_64" => "linux/amd64",
+            "aarch64" => "linux/arm64",
+            other => panic!("no image platform for {other}"),
+        };
+        let out = run(
+            "release/release (make release)",
+            crate::openflux::without_test_env(&mut Command::new(root.join("release/release")))
+                .args([&version, &registry])
+                .current_dir(&root)
+                .env("ALLOW_DIRTY", "1")
+                .env("PLATFORMS", platform),
+        );
+        println!("make release: {}", String::from_utf8_lossy(&out).trim());
+        run(
+            "release/publish (make publish)",
+            Command::new(root.join("release/publish"))
+                .args([&version, &registry])
+                .current_dir(&root)
+                .env("PLAIN_HTTP", "1"),
+        );
+        let helm = run(
+            "release/tools bin helm",
+            Command::new(root.join("release/tools")).args(["bin", "helm"]),
+        );
+        let helm = PathBuf::from(String::from_utf8_lossy(&helm).trim());
+        Bundle {
+            dir: target_dir().join("dist").join(&version),
+            version,
+            registry,
+            helm,
+        }
+    })
 }
