@@ -400,6 +400,26 @@ async fn three_replicas_make_share_and_rotate_one_secret_without_a_failed_admiss
         (secret_bundle(&secrets).await == vec![new_ca.clone()]).then_some(())
     })
     .await;
+    // Then it leaves every entry of every configuration (a tenth of the
+    // serving validity later), the new one staying.
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    wait_for(
+        "the old CA to leave every webhook configuration",
+        support::TIMEOUT,
+        || async {
+            for name in &names {
+                let config = configs.get(name).await.ok()?;
+                for entry in config.webhooks.iter().flatten() {
+                    let bundle = certs_of(&entry.client_config.ca_bundle.clone()?.0);
+                    if bundle.contains(&first_ca) || !bundle.contains(&new_ca) {
+                        return None;
+                    }
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
     let before = direct.ok.load(Ordering::SeqCst);
     wait_for("requests after the rotation", support::TIMEOUT, || async {
         (direct.ok.load(Ordering::SeqCst) >= before + 3 * REPLICAS as u64).then_some(())
@@ -424,7 +444,6 @@ async fn three_replicas_make_share_and_rotate_one_secret_without_a_failed_admiss
     );
 
     // A configuration whose bundle was emptied (a re-applied manifest) gets it back.
-    let configs: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
     configs
         .patch(
             &names[0],

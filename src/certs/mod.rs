@@ -9,12 +9,14 @@
 //! certificate (same CA) well before it expires, or keeps them in a Secret
 //! that every replica serves from and the elected leader creates and renews
 //! ([`secret`] and [`renew`], timed by [`rotation`], its content in
-//! [`stored`]).
+//! [`stored`]); the leader also removes from the webhook configurations
+//! the CAs that left the Secret ([`retire`]).
 
 pub mod command;
 pub mod keeper;
 pub mod material;
 pub mod renew;
+pub mod retire;
 pub mod rotation;
 pub mod secret;
 pub mod stored;

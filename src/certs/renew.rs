@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::material::parse_certs;
+use super::retire::{retire_patch, Retirement};
 use super::rotation::{decide, Step};
 use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
 use super::stored::Content;
@@ -86,11 +87,12 @@ impl Keeper {
     /// Rounds until the term ends (the caller drops this future).
     async fn lead(&self, seen: &mut watch::Receiver<u64>) {
         let mut trusted: Option<(String, i64)> = None;
+        let mut retirement = Retirement::default();
         let mut backoff = Duration::from_secs(1);
         // The last failure published, so a failure that lasts is one Event.
         let mut reported: Option<String> = None;
         loop {
-            let wait = match self.round(&mut trusted).await {
+            let wait = match self.round(&mut trusted, &mut retirement).await {
                 Ok(until) => {
                     backoff = Duration::from_secs(1);
                     reported = None;
@@ -132,7 +134,11 @@ impl Keeper {
 
     /// One look at the Secret and at most one write. Returns when to look
     /// again (Unix seconds; now, after a write or a lost race).
-    async fn round(&self, trusted: &mut Option<(String, i64)>) -> Result<i64, KeepError> {
+    async fn round(
+        &self,
+        trusted: &mut Option<(String, i64)>,
+        retirement: &mut Retirement,
+    ) -> Result<i64, KeepError> {
         let name = &self.certs.name;
         let current = self.secrets.get_opt(name).await?;
         if let Some(secret) = &current {
@@ -174,7 +180,11 @@ impl Keeper {
             trusted.as_ref().map(|(_, since)| *since),
         );
         if let Step::Keep { until } = step {
-            return Ok(until);
+            let Some((content, _)) = &content else {
+                return Ok(until);
+            };
+            let next = self.retire(content, now, retirement).await?;
+            return Ok(next.map_or(until, |at| at.min(until)));
         }
         let next = match &content {
             Some((content, _)) => content.apply(step, now, timing, &self.certs.names)?,
@@ -236,6 +246,98 @@ impl Keeper {
         Ok(now)
     }
 
+    /// Removes from the webhook configurations the CAs that have been out
+    /// of the Secret's bundle for [`Timing::retire_after`]; returns when to
+    /// look again for one still waiting (now after a write).
+    ///
+    /// [`Timing::retire_after`]: super::rotation::Timing::retire_after
+    async fn retire(
+        &self,
+        content: &Content,
+        now: i64,
+        retirement: &mut Retirement,
+    ) -> Result<Option<i64>, KeepError> {
+        let mut kept = Vec::new();
+        for pem in &content.bundle {
+            kept.extend(parse_certs(pem.as_bytes())?);
+        }
+        let mut mutating = Vec::new();
+        let mut validating = Vec::new();
+        for name in &self.certs.configurations {
+            if let Some(config) = self.mutating.get_opt(name).await? {
+                mutating.push((
+                    name,
+                    entries(
+                        config
+                            .webhooks
+                            .iter()
+                            .flatten()
+                            .map(|w| (&w.name, &w.client_config)),
+                    ),
+                ));
+            }
+            if let Some(config) = self.validating.get_opt(name).await? {
+                validating.push((
+                    name,
+                    entries(
+                        config
+                            .webhooks
+                            .iter()
+                            .flatten()
+                            .map(|w| (&w.name, &w.client_config)),
+                    ),
+                ));
+            }
+        }
+        let held: Vec<_> = mutating
+            .iter()
+            .chain(&validating)
+            .flat_map(|(_, entries)| entries)
+            .flat_map(|(_, bundle)| parse_certs(bundle).unwrap_or_default())
+            .collect();
+        let after = i64::try_from(self.certs.timing.retire_after().as_secs()).unwrap_or(i64::MAX);
+        let (due, next) = retirement.due(&held, &kept, now, after);
+        if due.is_empty() {
+            return Ok(next);
+        }
+        let json = |patch| kube::api::Patch::Json::<()>(patch);
+        let params = kube::api::PatchParams::default();
+        let (mut written, mut lost) = (false, false);
+        for (name, entries) in &mutating {
+            if let Some(patch) = retire_patch(entries, &due, &kept) {
+                let done = written_or_lost(self.mutating.patch(name, &params, &json(patch)).await)?;
+                (written, lost) = (written || done, lost || !done);
+            }
+        }
+        for (name, entries) in &validating {
+            if let Some(patch) = retire_patch(entries, &due, &kept) {
+                let done =
+                    written_or_lost(self.validating.patch(name, &params, &json(patch)).await)?;
+                (written, lost) = (written || done, lost || !done);
+            }
+        }
+        if written {
+            tracing::info!(secret = %self.certs.name, retired = due.len(), "removed CAs that left the Secret from the webhook configurations");
+            publish(
+                self.events.as_ref(),
+                &self.certs,
+                FluxEvent::normal(
+                    REASON_WRITTEN,
+                    "removed CAs that left the trusted bundle from the webhook configurations",
+                ),
+            )
+            .await;
+        }
+        // After a write, look again at once; after a lost race, in a second;
+        // an entry holding retired CAs alone waits for a replica to add the
+        // Secret's first.
+        Ok(match (written, lost) {
+            (_, true) => Some(now + 1),
+            (true, false) => Some(now),
+            (false, false) => next,
+        })
+    }
+
     /// Whether every entry of every webhook configuration (mutating and
     /// validating, of each name) trusts `signer`. A configuration that does
     /// not exist has nobody to protect.
@@ -273,5 +375,33 @@ impl Keeper {
             }
         }
         Ok(true)
+    }
+}
+
+/// Each entry's name and CA bundle.
+fn entries<'a>(
+    webhooks: impl Iterator<
+        Item = (
+            &'a String,
+            &'a k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+        ),
+    >,
+) -> Vec<(String, Vec<u8>)> {
+    webhooks
+        .map(|(name, config)| {
+            let bundle = config.ca_bundle.as_ref().map(|b| b.0.clone());
+            (name.clone(), bundle.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// `Ok(true)` for a write, `Ok(false)` for one refused because the
+/// configuration changed since it was read (a failed test, or a conflict):
+/// it is read again.
+fn written_or_lost<T>(result: Result<T, kube::Error>) -> Result<bool, KeepError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => Ok(false),
+        Err(error) => Err(error.into()),
     }
 }

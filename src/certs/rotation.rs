@@ -35,6 +35,9 @@ pub struct Timing {
 pub const MIN_VALIDITY: Duration = Duration::from_secs(10);
 /// Longest time a new CA waits in the webhook configurations before it signs.
 pub const MAX_SETTLE: Duration = Duration::from_secs(10);
+/// Longest time a CA that left the Secret stays in the webhook
+/// configurations.
+pub const MAX_RETIRE_AFTER: Duration = Duration::from_secs(60);
 
 impl Timing {
     /// Checks the flags' values: the CA must live at least as long as a
@@ -68,6 +71,14 @@ impl Timing {
     /// validity, at most [`MAX_SETTLE`].
     pub fn settle(&self) -> Duration {
         (self.cert_validity / 10).min(MAX_SETTLE)
+    }
+
+    /// How long a CA that left the Secret stays in the webhook
+    /// configurations: time for every replica to serve from the Secret as it
+    /// is now. A tenth of the serving validity, from 1 s to
+    /// [`MAX_RETIRE_AFTER`].
+    pub fn retire_after(&self) -> Duration {
+        (self.cert_validity / 10).clamp(Duration::from_secs(1), MAX_RETIRE_AFTER)
     }
 
     /// When a certificate expiring at `not_after` is renewed: when less than
