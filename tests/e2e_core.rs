@@ -367,6 +367,30 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     )
     .await;
 
+    // A producer that keeps its revision over new content still reaches the
+    // consumer: the export's revision follows the digest. With the
+    // Kustomization's 10m interval only a new revision wakes it in time. A
+    // chart-like version is what a shadow used to keep as it was.
+    let artifact3 = publish_web("3.0.0");
+    env.apply(&artifact3).await.expect("updating the Artifact");
+    wait_value("3.0.0").await;
+    let mut spec4 = publish(
+        fx,
+        &n,
+        "web",
+        "3.0.0",
+        &[("configmap.yaml", &support::configmap_yaml("3.0.0 rebuilt"))],
+    );
+    spec4["revision"] = artifact3["spec"]["revision"].clone();
+    env.apply(&json!({
+        "apiVersion": ARTIFACT, "kind": "Artifact",
+        "metadata": {"name": "web", "namespace": n, "ownerReferences": owner},
+        "spec": spec4,
+    }))
+    .await
+    .expect("new content under the same revision");
+    wait_value("3.0.0 rebuilt").await;
+
     // Deleting the custom source removes its Artifact and the export.
     delete(&env, KUSTOMIZE, "Kustomization", &n, "web").await;
     delete(&env, TEST_SOURCE, "TestSource", &n, "web").await;

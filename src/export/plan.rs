@@ -133,7 +133,7 @@ pub fn plan(
         .unwrap_or(Time(Timestamp::UNIX_EPOCH));
     let (revision, path) = match target {
         Target::ExternalArtifact => (
-            spec.revision.clone(),
+            shadow::content_revision(&spec.revision, &digest),
             spec.path
                 .clone()
                 .unwrap_or_else(|| path_from_url(&spec.url, &name)),
@@ -468,6 +468,24 @@ mod tests {
             })
         );
         assert!(!p.shadow);
+    }
+
+    #[test]
+    fn new_content_under_the_same_producer_revision_is_a_new_exported_revision() {
+        // The producer kept `latest@sha256:abc` but its file changed.
+        let p = plan(
+            &artifact(true, Some("sha256:abd")),
+            "httpsource-web",
+            Target::ExternalArtifact,
+            &target(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(p.artifact["revision"], "latest@sha256:abd");
+        assert_eq!(
+            p.artifact["metadata"]["org.opencontainers.image.revision"],
+            "latest@sha256:abc"
+        );
     }
 
     #[test]

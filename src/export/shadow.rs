@@ -36,21 +36,40 @@ pub fn spec(namespace: &str, name: &str) -> Value {
     })
 }
 
-/// The revision a shadow carries. helm-controller reads an OCIRepository's
-/// revision as `<algo>:<hex>` or `<chart version>@<algo>:<hex>` (at least 12
-/// hex characters) and refuses anything else; such a revision is kept, any
-/// other is replaced by the artifact's digest (the original stays in the
-/// [`ORIGIN_REVISION`] metadata).
-pub fn revision(original: &str, digest: &str) -> String {
-    if is_algo_hex(original) {
+/// The revision an export carries: one that changes whenever its content
+/// does, since consumers (kustomize-controller, helm-controller,
+/// source-watcher) act on a new revision, not on a new digest. The
+/// producer's revision when it names the artifact's digest (it is the
+/// digest, or ends with `@<digest>`); otherwise the producer's name for it
+/// (what comes before an `@`, or all of it) at the digest, as Flux writes
+/// an OCI artifact's revision: `main@sha1:abc` with digest `sha256:def`
+/// becomes `main@sha256:def`. The producer's own revision stays in the
+/// [`ORIGIN_REVISION`] metadata.
+pub fn content_revision(original: &str, digest: &str) -> String {
+    let names_digest = original == digest
+        || original
+            .strip_suffix(digest)
+            .is_some_and(|name| name.ends_with('@'));
+    if names_digest {
         return original.to_string();
     }
-    if let Some((tag, d)) = original.rsplit_once('@') {
-        if is_algo_hex(d) && is_semver(tag) {
-            return original.to_string();
-        }
+    let name = original.split_once('@').map_or(original, |(name, _)| name);
+    if name.is_empty() || is_algo_hex(name) {
+        return digest.to_string();
     }
-    digest.to_string()
+    format!("{name}@{digest}")
+}
+
+/// The revision a shadow carries: [`content_revision`] where helm-controller
+/// can read it (it reads an OCIRepository's revision as `<algo>:<hex>` or
+/// `<chart version>@<algo>:<hex>`, at least 12 hex characters, and refuses
+/// anything else), otherwise the artifact's digest.
+pub fn revision(original: &str, digest: &str) -> String {
+    let carried = content_revision(original, digest);
+    match carried.rsplit_once('@') {
+        Some((version, _)) if is_semver(version) => carried,
+        _ => digest.to_string(),
+    }
 }
 
 /// A unique, non-empty `status.artifact.path` for the shadow: source-controller
@@ -104,16 +123,20 @@ mod tests {
     const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
     #[test]
-    fn revisions_helm_controller_reads_are_kept() {
+    fn revisions_helm_controller_reads_are_kept_when_they_name_the_digest() {
         let kept = [
             DIGEST.to_string(),
             format!("1.2.3@{DIGEST}"),
             format!("0.1.0-rc.1+build.5@{DIGEST}"),
-            "sha1:0123456789abcdef0123".to_string(),
         ];
         for rev in kept {
             assert_eq!(revision(&rev, DIGEST), rev);
         }
+        // A chart version at another checksum: the version at this digest.
+        assert_eq!(
+            revision("1.2.3@sha256:0000000000000000", DIGEST),
+            format!("1.2.3@{DIGEST}")
+        );
     }
 
     #[test]
@@ -124,12 +147,42 @@ mod tests {
             "main@sha1:abc".to_string(),
             "v1".to_string(),
             "sha256:ABCDEF0123456789".to_string(),
+            "sha1:0123456789abcdef0123".to_string(),
             "a:b:c".to_string(),
             "".to_string(),
             format!("1.2@{DIGEST}"),
         ] {
             assert_eq!(revision(&rev, DIGEST), DIGEST, "{rev}");
         }
+    }
+
+    #[test]
+    fn an_exported_revision_changes_with_the_content_and_keeps_the_producers_name() {
+        let other = "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+        for (producer, exported) in [
+            // It names the digest: kept.
+            (DIGEST.to_string(), DIGEST.to_string()),
+            (format!("main@{DIGEST}"), format!("main@{DIGEST}")),
+            // It does not: the producer's name at the digest.
+            (format!("main@{other}"), format!("main@{DIGEST}")),
+            ("main@sha1:abc".to_string(), format!("main@{DIGEST}")),
+            ("v1".to_string(), format!("v1@{DIGEST}")),
+            // Nothing to keep of it: the digest.
+            (other.to_string(), DIGEST.to_string()),
+            ("@sha1:abc".to_string(), DIGEST.to_string()),
+            ("".to_string(), DIGEST.to_string()),
+        ] {
+            assert_eq!(content_revision(&producer, DIGEST), exported, "{producer}");
+        }
+        // The same producer revision over new content is a new revision.
+        assert_ne!(
+            content_revision("v1", DIGEST),
+            content_revision("v1", other)
+        );
+        assert_ne!(
+            revision("1.0.0@sha256:0000000000000000", DIGEST),
+            revision("1.0.0@sha256:0000000000000000", other)
+        );
     }
 
     #[test]
