@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::material::parse_certs;
-use super::retire::{retire_patch, Retirement};
+use super::retire::{entries, retire_patch, Retirement};
 use super::rotation::{decide, Step};
 use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
 use super::stored::Content;
@@ -376,23 +376,6 @@ impl Keeper {
         }
         Ok(true)
     }
-}
-
-/// Each entry's name and CA bundle.
-fn entries<'a>(
-    webhooks: impl Iterator<
-        Item = (
-            &'a String,
-            &'a k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
-        ),
-    >,
-) -> Vec<(String, Vec<u8>)> {
-    webhooks
-        .map(|(name, config)| {
-            let bundle = config.ca_bundle.as_ref().map(|b| b.0.clone());
-            (name.clone(), bundle.unwrap_or_default())
-        })
-        .collect()
 }
 
 /// `Ok(true)` for a write, `Ok(false)` for one refused because the

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation, ReplaceOperation, TestOperation};
+use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
 use rustls::pki_types::CertificateDer;
 
 use super::material::{parse_certs, pem_of};
@@ -110,6 +111,18 @@ pub fn retire_patch(
         }));
     }
     (!ops.is_empty()).then_some(Patch(ops))
+}
+
+/// Each entry's name and CA bundle, from a configuration's webhooks.
+pub fn entries<'a>(
+    webhooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
+) -> Vec<(String, Vec<u8>)> {
+    webhooks
+        .map(|(name, config)| {
+            let bundle = config.ca_bundle.as_ref().map(|b| b.0.clone());
+            (name.clone(), bundle.unwrap_or_default())
+        })
+        .collect()
 }
 
 #[cfg(test)]

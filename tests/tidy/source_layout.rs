@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("export::trust", Layer::Pure),
     ("adopt::plan", Layer::Pure),
     ("certs::material", Layer::Pure),
+    ("certs::retire", Layer::Pure),
     ("certs::rotation", Layer::Pure),
     ("certs::stored", Layer::Pure),
     ("runtime::router", Layer::Pure),
