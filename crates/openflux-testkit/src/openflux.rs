@@ -40,9 +40,9 @@ pub fn free_addr() -> SocketAddr {
 }
 
 /// Removes from `cmd`'s environment what cargo sets for the running test
-/// (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...), for a command that runs
-/// cargo itself. Cargo compares the variables build scripts track (ring's
-/// include `CARGO_PKG_NAME`) with its own environment: inherited from a
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, `OUT_DIR`, ...), for a command that
+/// runs cargo itself. Cargo compares the variables build scripts track
+/// (ring's include `CARGO_PKG_NAME` and `OUT_DIR`) with its own environment: inherited from a
 /// test, they would differ from a build started elsewhere, and every crate
 /// above such a build script would be built again.
 pub fn without_test_env(cmd: &mut std::process::Command) -> &mut std::process::Command {
@@ -56,6 +56,7 @@ pub fn without_test_env(cmd: &mut std::process::Command) -> &mut std::process::C
                 "CARGO_CRATE_NAME",
                 "CARGO_PRIMARY_PACKAGE",
                 "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
             ]
             .contains(&name.as_ref())
         {
