@@ -19,10 +19,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::material::parse_certs;
-use super::retire::{entries, retire_patch, Retirement};
+use super::retire::{entries, retire_patch, Configuration, Retirement};
 use super::rotation::{decide, Step};
 use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
 use super::stored::Content;
+use rustls::pki_types::CertificateDer;
 
 /// Longest the leader goes without looking at the Secret.
 const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -261,34 +262,8 @@ impl Keeper {
         for pem in &content.bundle {
             kept.extend(parse_certs(pem.as_bytes())?);
         }
-        let mut mutating = Vec::new();
-        let mut validating = Vec::new();
-        for name in &self.certs.configurations {
-            if let Some(config) = self.mutating.get_opt(name).await? {
-                mutating.push((
-                    name,
-                    entries(
-                        config
-                            .webhooks
-                            .iter()
-                            .flatten()
-                            .map(|w| (&w.name, &w.client_config)),
-                    ),
-                ));
-            }
-            if let Some(config) = self.validating.get_opt(name).await? {
-                validating.push((
-                    name,
-                    entries(
-                        config
-                            .webhooks
-                            .iter()
-                            .flatten()
-                            .map(|w| (&w.name, &w.client_config)),
-                    ),
-                ));
-            }
-        }
+        let mutating = self.read_entries(&self.mutating).await?;
+        let validating = self.read_entries(&self.validating).await?;
         let held: Vec<_> = mutating
             .iter()
             .chain(&validating)
@@ -300,22 +275,9 @@ impl Keeper {
         if due.is_empty() {
             return Ok(next);
         }
-        let json = |patch| kube::api::Patch::Json::<()>(patch);
-        let params = kube::api::PatchParams::default();
-        let (mut written, mut lost) = (false, false);
-        for (name, entries) in &mutating {
-            if let Some(patch) = retire_patch(entries, &due, &kept) {
-                let done = written_or_lost(self.mutating.patch(name, &params, &json(patch)).await)?;
-                (written, lost) = (written || done, lost || !done);
-            }
-        }
-        for (name, entries) in &validating {
-            if let Some(patch) = retire_patch(entries, &due, &kept) {
-                let done =
-                    written_or_lost(self.validating.patch(name, &params, &json(patch)).await)?;
-                (written, lost) = (written || done, lost || !done);
-            }
-        }
+        let (w1, l1) = retire_in(&self.mutating, &mutating, &due, &kept).await?;
+        let (w2, l2) = retire_in(&self.validating, &validating, &due, &kept).await?;
+        let (written, lost) = (w1 || w2, l1 || l2);
         if written {
             tracing::info!(secret = %self.certs.name, retired = due.len(), "removed CAs that left the Secret from the webhook configurations");
             publish(
@@ -336,6 +298,18 @@ impl Keeper {
             (true, false) => Some(now),
             (false, false) => next,
         })
+    }
+
+    /// Each configuration of kind `C` openflux keeps (by name) that exists,
+    /// with its entries' names and CA bundles.
+    async fn read_entries<C: Configuration>(&self, api: &Api<C>) -> Result<Entries, KeepError> {
+        let mut found = Vec::new();
+        for name in &self.certs.configurations {
+            if let Some(config) = api.get_opt(name).await? {
+                found.push((name.clone(), entries(&config)));
+            }
+        }
+        Ok(found)
     }
 
     /// Whether every entry of every webhook configuration (mutating and
@@ -376,6 +350,30 @@ impl Keeper {
         }
         Ok(true)
     }
+}
+
+/// The configurations of one kind that exist: each one's name, and its
+/// entries' names and CA bundles.
+type Entries = Vec<(String, Vec<(String, Vec<u8>)>)>;
+
+/// Removes `due` from the configurations of kind `C` read as `configs`:
+/// whether any was written, and whether any write lost a race.
+async fn retire_in<C: Configuration>(
+    api: &Api<C>,
+    configs: &Entries,
+    due: &[CertificateDer<'_>],
+    kept: &[CertificateDer<'_>],
+) -> Result<(bool, bool), KeepError> {
+    let params = kube::api::PatchParams::default();
+    let (mut written, mut lost) = (false, false);
+    for (name, entries) in configs {
+        if let Some(patch) = retire_patch(entries, due, kept) {
+            let patch = kube::api::Patch::Json::<()>(patch);
+            let done = written_or_lost(api.patch(name, &params, &patch).await)?;
+            (written, lost) = (written || done, lost || !done);
+        }
+    }
+    Ok((written, lost))
 }
 
 /// `Ok(true)` for a write, `Ok(false)` for one refused because the

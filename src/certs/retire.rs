@@ -16,7 +16,10 @@ use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation, ReplaceOperation, TestOperation};
-use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::ClusterResourceScope;
 use rustls::pki_types::CertificateDer;
 
 use super::material::{parse_certs, pem_of};
@@ -113,15 +116,52 @@ pub fn retire_patch(
     (!ops.is_empty()).then_some(Patch(ops))
 }
 
-/// Each entry's name and CA bundle, from a configuration's webhooks.
-pub fn entries<'a>(
-    webhooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
-) -> Vec<(String, Vec<u8>)> {
-    webhooks
-        .map(|(name, config)| {
-            let bundle = config.ca_bundle.as_ref().map(|b| b.0.clone());
-            (name.clone(), bundle.unwrap_or_default())
-        })
+/// A webhook configuration whose entries carry a CA bundle.
+pub trait Configuration:
+    kube::Resource<DynamicType = (), Scope = ClusterResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// Each entry's name and CA bundle, in order.
+    fn bundles(&self) -> Vec<(&str, &[u8])>;
+}
+
+impl Configuration for MutatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<(&str, &[u8])> {
+        let entries = self.webhooks.iter().flatten();
+        entries
+            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
+            .collect()
+    }
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    fn bundles(&self) -> Vec<(&str, &[u8])> {
+        let entries = self.webhooks.iter().flatten();
+        entries
+            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
+            .collect()
+    }
+}
+
+fn bundle_of(config: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig) -> &[u8] {
+    config
+        .ca_bundle
+        .as_ref()
+        .map(|b| b.0.as_slice())
+        .unwrap_or_default()
+}
+
+/// Each entry's name and CA bundle, owned.
+pub fn entries(config: &impl Configuration) -> Vec<(String, Vec<u8>)> {
+    config
+        .bundles()
+        .into_iter()
+        .map(|(name, bundle)| (name.to_string(), bundle.to_vec()))
         .collect()
 }
 

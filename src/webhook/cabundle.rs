@@ -14,10 +14,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, TestOperation};
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
-use k8s_openapi::ClusterResourceScope;
 use kube::api::{Api, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
@@ -50,45 +46,7 @@ pub fn merged_bundle(current: &[u8], ours: &[u8]) -> Option<Vec<u8>> {
     Some(merged.iter().map(pem_of).collect::<String>().into_bytes())
 }
 
-/// A webhook configuration whose entries carry a CA bundle.
-pub trait Configuration:
-    kube::Resource<DynamicType = (), Scope = ClusterResourceScope>
-    + Clone
-    + serde::de::DeserializeOwned
-    + std::fmt::Debug
-    + Send
-    + Sync
-    + 'static
-{
-    /// Each entry's name and CA bundle, in order.
-    fn bundles(&self) -> Vec<(&str, &[u8])>;
-}
-
-impl Configuration for MutatingWebhookConfiguration {
-    fn bundles(&self) -> Vec<(&str, &[u8])> {
-        let entries = self.webhooks.iter().flatten();
-        entries
-            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
-            .collect()
-    }
-}
-
-impl Configuration for ValidatingWebhookConfiguration {
-    fn bundles(&self) -> Vec<(&str, &[u8])> {
-        let entries = self.webhooks.iter().flatten();
-        entries
-            .map(|w| (w.name.as_str(), bundle_of(&w.client_config)))
-            .collect()
-    }
-}
-
-fn bundle_of(config: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig) -> &[u8] {
-    config
-        .ca_bundle
-        .as_ref()
-        .map(|b| b.0.as_slice())
-        .unwrap_or_default()
-}
+pub use crate::certs::retire::Configuration;
 
 /// The JSON patch that puts `ours` into every webhook entry of `config`
 /// lacking it; each change guarded by a test of the entry's name, so a
@@ -206,6 +164,7 @@ pub async fn keep_injected<C: Configuration>(
 mod tests {
     use super::*;
     use crate::certs::{Authority, DEFAULT_CA_VALIDITY};
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, WebhookClientConfig};
 
     fn ca() -> Vec<u8> {
