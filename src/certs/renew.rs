@@ -319,36 +319,14 @@ impl Keeper {
         let Some(signer) = parse_certs(signer.as_bytes())?.into_iter().next() else {
             return Ok(false);
         };
-        let trusts = |bundles: Vec<Option<&[u8]>>| {
-            bundles.into_iter().all(|bundle| {
-                parse_certs(bundle.unwrap_or_default())
-                    .unwrap_or_default()
-                    .contains(&signer)
-            })
-        };
-        for name in &self.certs.configurations {
-            if let Some(config) = self.mutating.get_opt(name).await? {
-                let bundles = config.webhooks.iter().flatten();
-                if !trusts(
-                    bundles
-                        .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()))
-                        .collect(),
-                ) {
-                    return Ok(false);
-                }
-            }
-            if let Some(config) = self.validating.get_opt(name).await? {
-                let bundles = config.webhooks.iter().flatten();
-                if !trusts(
-                    bundles
-                        .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()))
-                        .collect(),
-                ) {
-                    return Ok(false);
-                }
-            }
-        }
-        Ok(true)
+        let mutating = self.read_entries(&self.mutating).await?;
+        let validating = self.read_entries(&self.validating).await?;
+        let trusted = mutating
+            .iter()
+            .chain(&validating)
+            .flat_map(|(_, entries)| entries)
+            .all(|(_, bundle)| parse_certs(bundle).unwrap_or_default().contains(&signer));
+        Ok(trusted)
     }
 }
 
