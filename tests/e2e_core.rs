@@ -509,7 +509,12 @@ async fn artifact_without_digest_says_why_it_is_not_exported() {
     assert!(note.is_some_and(|n| n.contains("spec.digest")));
     for kind in ["ExternalArtifact", "OCIRepository"] {
         assert!(env
-            .find(SOURCE, kind, &n, "nodigest.artifact.openflux.dev")
+            .find(
+                SOURCE,
+                kind,
+                &n,
+                &openflux::names::identity::artifact_export_name("nodigest"),
+            )
             .await
             .is_none());
     }

@@ -358,7 +358,12 @@ async fn a_locked_down_tenant_deploys_from_an_http_source_and_a_viewer_cannot() 
         matches!(
             reference["kind"].as_str(),
             Some("ExternalArtifact" | "OCIRepository")
-        ) && reference["name"] == "app.httpsource.sources.openflux.dev",
+        ) && reference["name"]
+            == openflux::names::identity::source_export_name(
+                "sources.openflux.dev",
+                "HttpSource",
+                "app"
+            ),
         "the consumer was not pointed at the HttpSource's export: {reference}"
     );
     applied(&env, &t, "app").await;

@@ -53,9 +53,13 @@ struct Case {
     export: fn(&str) -> String,
 }
 
-/// An export's name as openflux gives it: `<name>.<kind>.<group>`.
-fn dotted_export(prefix: &str) -> String {
-    format!("{prefix}-web.httpsource.sources.openflux.dev")
+/// An export's name as openflux gives it (`<name>-<kind>--<hash>`).
+fn export_named(prefix: &str) -> String {
+    openflux::names::identity::source_export_name(
+        "sources.openflux.dev",
+        "HttpSource",
+        &format!("{prefix}-web"),
+    )
 }
 
 fn cases() -> Vec<Case> {
@@ -74,7 +78,7 @@ fn cases() -> Vec<Case> {
             repoint: |to| json!({"spec": {"sourceRef": {"kind": "ExternalArtifact", "name": to}}}),
             elsewhere: json!({"spec": {"sourceRef": {"kind": "GitRepository", "name": "flux-system", "namespace": "flux-system"}}}),
             pointer: "/spec/sourceRef/name",
-            export: dotted_export,
+            export: export_named,
         },
         Case {
             kind: "HelmRelease",
@@ -90,7 +94,7 @@ fn cases() -> Vec<Case> {
             repoint: |to| json!({"spec": {"chartRef": {"kind": "OCIRepository", "name": to}}}),
             elsewhere: json!({"spec": {"chartRef": {"kind": "HelmChart", "name": "other"}}}),
             pointer: "/spec/chartRef/name",
-            export: dotted_export,
+            export: export_named,
         },
         Case {
             kind: "ArtifactGenerator",
@@ -111,10 +115,7 @@ fn cases() -> Vec<Case> {
             elsewhere: json!({"spec": {"sources": [{"alias": "one", "kind": "GitRepository", "name": "repo"},
                                                    {"alias": "two", "kind": "Bucket", "name": "stolen"}]}}),
             pointer: "/spec/sources/0/name",
-            // ArtifactGenerator source names may hold no dot, so only an
-            // export name cut to the longest (253 characters, ending in a
-            // hash) fits there.
-            export: |prefix| format!("{prefix}-{}", "0".repeat(252 - prefix.len())),
+            export: export_named,
         },
         Case {
             kind: "Stack",
@@ -131,7 +132,7 @@ fn cases() -> Vec<Case> {
             repoint: |to| json!({"spec": {"fluxSource": {"sourceRef": {"apiVersion": SOURCE, "kind": "OCIRepository", "name": to}}}}),
             elsewhere: json!({"spec": {"fluxSource": {"sourceRef": {"apiVersion": SOURCE, "kind": "Bucket", "name": "bucket"}}}}),
             pointer: "/spec/fluxSource/sourceRef/name",
-            export: dotted_export,
+            export: export_named,
         },
     ]
 }

@@ -18,7 +18,7 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use crate::api::{Artifact, ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::names::identity::source_export_name;
+use crate::names::identity::dotted_source_export_name;
 use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION, WRITER_ANNOTATION};
 use crate::{names, shard};
 
@@ -28,9 +28,10 @@ pub const OPEN_FLUX_GROUPS: [&str; 2] = ["openfluxcd.ocm.software", "openfluxcd.
 pub const OPEN_FLUX_VERSION: &str = "v1alpha1";
 
 /// Name of the openflux.dev Artifact standing for Open Flux Artifact `name`
-/// of `group`.
+/// of `group`: `<name>.artifact.<group>`, which earlier releases gave it
+/// too (an Artifact's name may hold dots; only exports are named without).
 pub fn adopted_name(group: &str, name: &str) -> String {
-    source_export_name(group, "Artifact", name)
+    dotted_source_export_name(group, "Artifact", name)
 }
 
 /// The openflux.dev Artifact standing for `theirs` (an Artifact of `group`);

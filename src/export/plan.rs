@@ -191,11 +191,17 @@ pub fn former_export_names(artifact: &Artifact) -> std::collections::BTreeSet<St
     let name = artifact.name_any();
     let mut names = std::collections::BTreeSet::from([
         names::identity::artifact_export_name(&name),
+        names::identity::dotted_artifact_export_name(&name),
         names::legacy_artifact_export_name(&name),
     ]);
     if let Some(owner) = artifact.controller_owner() {
         let (group, _) = crate::api::split_api_version(&owner.api_version);
         names.insert(names::identity::source_export_name(
+            group,
+            &owner.kind,
+            &owner.name,
+        ));
+        names.insert(names::identity::dotted_source_export_name(
             group,
             &owner.kind,
             &owner.name,
@@ -412,21 +418,22 @@ mod tests {
             }),
             ..Default::default()
         });
-        let names: Vec<String> = former_export_names(&owned).into_iter().collect();
-        assert_eq!(
-            names,
-            [
-                "artifact-web",
-                "httpsource-web",
-                "web.artifact.openflux.dev",
-                "web.httpsource.sources.openflux.dev",
-                "web.oldkind.sources.openflux.dev",
-            ]
-        );
-        let standalone: Vec<String> = former_export_names(&artifact(false, None))
-            .into_iter()
-            .collect();
-        assert_eq!(standalone, ["artifact-web", "web.artifact.openflux.dev"]);
+        let names = former_export_names(&owned);
+        let http = names::identity::source_export_name("sources.openflux.dev", "HttpSource", "web");
+        let art = names::identity::artifact_export_name("web");
+        let want = [
+            "artifact-web",
+            "httpsource-web",
+            "web.artifact.openflux.dev",
+            "web.httpsource.sources.openflux.dev",
+            "web.oldkind.sources.openflux.dev",
+            &http,
+            &art,
+        ];
+        assert_eq!(names, want.iter().map(|n| n.to_string()).collect());
+        let standalone = former_export_names(&artifact(false, None));
+        let want = ["artifact-web", "web.artifact.openflux.dev", &art];
+        assert_eq!(standalone, want.iter().map(|n| n.to_string()).collect());
     }
 
     #[test]

@@ -564,10 +564,10 @@ mod tests {
         assert!(standalone.owner.is_none());
         assert_eq!(
             idx.export_name(&standalone),
-            "standalone.artifact.openflux.dev"
+            identity::artifact_export_name("standalone")
         );
         let a1 = idx.artifact("ns", "a1").unwrap().clone();
-        let web = "web.httpsource.sources.openflux.dev";
+        let web = identity::source_export_name("sources.openflux.dev", "HttpSource", "web");
         assert_eq!(idx.export_name(&a1), web);
         // A second Artifact of the same source does not move the first one's
         // export: the first stays the default (same creation time: by name).
@@ -578,7 +578,7 @@ mod tests {
         ));
         assert_eq!(idx.export_name(&a1), web);
         let a2 = idx.artifact("ns", "a2").unwrap().clone();
-        assert_eq!(idx.export_name(&a2), "a2.artifact.openflux.dev");
+        assert_eq!(idx.export_name(&a2), identity::artifact_export_name("a2"));
         // The producer's label picks the default.
         let mut labelled = artifact("ns", "a3", Some((HTTP, "HttpSource", "web", "u1")));
         labelled.metadata.labels =
@@ -586,7 +586,7 @@ mod tests {
         idx.apply(&labelled);
         let a3 = idx.artifact("ns", "a3").unwrap().clone();
         assert_eq!(idx.export_name(&a3), web);
-        assert_eq!(idx.export_name(&a1), "a1.artifact.openflux.dev");
+        assert_eq!(idx.export_name(&a1), identity::artifact_export_name("a1"));
         idx.delete(&labelled);
         assert_eq!(
             idx.lookup_source(None, "HttpSource", "ns", "web")
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn a_refused_artifact_is_never_its_sources_default() {
         let owner = Some((HTTP, "HttpSource", "web", "u1"));
-        let web = "web.httpsource.sources.openflux.dev";
+        let web = identity::source_export_name("sources.openflux.dev", "HttpSource", "web");
         let key = |name: &str| ArtifactKey {
             namespace: "ns".into(),
             name: name.into(),
@@ -620,12 +620,18 @@ mod tests {
             |idx: &OwnerIndex, name: &str| idx.export_name(idx.artifact("ns", name).unwrap());
         // Not checked yet: the label decides.
         assert_eq!(name_of(&idx, "forged"), web);
-        assert_eq!(name_of(&idx, "genuine"), "genuine.artifact.openflux.dev");
+        assert_eq!(
+            name_of(&idx, "genuine"),
+            identity::artifact_export_name("genuine")
+        );
         // Refused: the source's own Artifact gets the export.
         assert!(idx.record_verdict(&key("forged"), "uid-ns-forged", false));
         assert!(!idx.record_verdict(&key("forged"), "uid-ns-forged", false));
         assert_eq!(name_of(&idx, "genuine"), web);
-        assert_eq!(name_of(&idx, "forged"), "forged.artifact.openflux.dev");
+        assert_eq!(
+            name_of(&idx, "forged"),
+            identity::artifact_export_name("forged")
+        );
         // A verdict on another object of that name is not this one's.
         assert!(!idx.record_verdict(&key("genuine"), "uid-elsewhere", false));
         assert_eq!(name_of(&idx, "genuine"), web);

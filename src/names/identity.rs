@@ -4,18 +4,21 @@
 //! Rules (docs/export-targets.md says the same for users):
 //!
 //! - A reference to a source exports to one name derived from the source's
-//!   API group, kind and name, [`source_export_name`]: `<name>.<kind>.<group>`
-//!   (`web.httpsource.sources.openflux.dev`). It never depends on how many
-//!   Artifacts the source has, so a consumer rewritten once keeps pointing at
-//!   the right object while Artifacts come and go.
+//!   API group, kind and name, [`source_export_name`]: `<name>-<kind>--`
+//!   and a hash of the group and kind, then of all three
+//!   (`web-httpsource--a1b2c3d4e5f6`; see [`crate::names::export_name`]). It
+//!   never depends on how many Artifacts the source has, so a consumer
+//!   rewritten once keeps pointing at the right object while Artifacts come
+//!   and go.
 //! - The Artifact that fills it is the source's *default* Artifact
 //!   ([`default_artifact`]): the one its producer labels
 //!   `openflux.dev/default-artifact: "true"`; without a label, the oldest
 //!   (creation time, then name). Adding an Artifact never moves the default;
 //!   removing the default moves it to the next oldest.
 //! - A reference to one Artifact (`kind: Artifact`) exports to
-//!   [`artifact_export_name`]: `<artifact>.artifact.openflux.dev`, unless
-//!   that Artifact is its source's default, which is the source export.
+//!   [`artifact_export_name`]: the name of a source of kind Artifact in
+//!   openflux.dev (`<artifact>-artifact--<hash>`), unless that Artifact is its
+//!   source's default, which is the source export.
 //!
 //! Names longer than Kubernetes allows are cut and end in a hash of the whole
 //! (see [`crate::names`]), so distinct identities stay distinct. Two
@@ -24,55 +27,103 @@
 //! message naming what to rename; nothing is shared silently.
 
 use crate::api::{GROUP, KIND};
-use crate::names::{bounded_export_name, legacy_bounded_export_name};
+use crate::names::{
+    export_kind_hash, export_name, kind_hash, legacy_bounded_export_name,
+    legacy_dotted_export_name, EXPORT_HASH_LEN,
+};
 
 /// Name of the object exported for a source of `group`/`kind` named `name`.
 pub fn source_export_name(group: &str, kind: &str, name: &str) -> String {
-    bounded_export_name(&source_export_value(group, kind, name))
+    let head = format!("{name}-{}", kind.to_ascii_lowercase());
+    export_name(
+        &head,
+        &kind_key(group, kind),
+        &source_export_value(group, kind, name),
+    )
 }
 
-/// [`source_export_name`] before it is cut to fit.
-fn source_export_value(group: &str, kind: &str, name: &str) -> String {
+/// What the kind hash of an export's name is taken of: the lower-case kind
+/// and the group (`httpsource.sources.openflux.dev`).
+fn kind_key(group: &str, kind: &str) -> String {
     let kind = kind.to_ascii_lowercase();
     if group.is_empty() {
-        format!("{name}.{kind}")
+        kind
     } else {
-        format!("{name}.{kind}.{group}")
+        format!("{kind}.{group}")
     }
+}
+
+/// Whether `name`, shaped as an export's, may be the export of a source of
+/// `group`/`kind`: its kind hash is theirs.
+pub fn names_kind(name: &str, group: &str, kind: &str) -> bool {
+    export_kind_hash(name) == Some(kind_hash(&kind_key(group, kind)).as_str())
+}
+
+/// `<name>.<kind>.<group>`: the identity an export's name hashes, and the
+/// name the release before gave the export.
+fn source_export_value(group: &str, kind: &str, name: &str) -> String {
+    format!("{name}.{}", kind_key(group, kind))
 }
 
 /// Name of the object exported for one Artifact referenced directly (not its
 /// source's default), or for an Artifact without an owner.
 pub fn artifact_export_name(artifact: &str) -> String {
-    bounded_export_name(&format!("{artifact}.artifact.{GROUP}"))
+    source_export_name(GROUP, KIND, artifact)
+}
+
+/// The names the release before gave the export of a source and of an
+/// Artifact (`<name>.<kind>.<group>`, `<artifact>.artifact.openflux.dev`).
+pub fn dotted_source_export_name(group: &str, kind: &str, name: &str) -> String {
+    legacy_dotted_export_name(&source_export_value(group, kind, name))
+}
+
+/// [`dotted_source_export_name`] of an Artifact referenced directly.
+pub fn dotted_artifact_export_name(artifact: &str) -> String {
+    dotted_source_export_name(GROUP, KIND, artifact)
 }
 
 /// Whether `candidate` is a name openflux gives, or gave in earlier
 /// releases, to the export of a reference to `kind`/`name` (of `group` when
 /// known): what a consumer it rewrote points at. Earlier releases named
-/// exports `<kind>-<name>` and `artifact-<artifact>`, and cut long names
-/// to a length that could end below the longest.
+/// exports `<kind>-<name>` and `artifact-<artifact>`, then
+/// `<name>.<kind>.<group>`, and cut long names to a length that could end
+/// below the longest. Without the group, a name is taken for the export
+/// when it is shaped as one and its head is that of the name and kind.
 pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &str) -> bool {
-    let lower = kind.to_ascii_lowercase();
     let direct = kind == KIND && group.is_none_or(|g| g == GROUP);
-    let current = match (direct, group) {
-        (true, _) => candidate == artifact_export_name(name),
-        (false, Some(g)) => candidate == source_export_name(g, kind, name),
-        (false, None) => candidate
-            .strip_prefix(&format!("{name}.{lower}."))
-            .is_some_and(|g| !g.is_empty()),
+    let (group, kind) = if direct {
+        (Some(GROUP), KIND)
+    } else {
+        (group, kind)
     };
+    let lower = kind.to_ascii_lowercase();
     let legacy = if direct {
         crate::names::legacy_artifact_export_name(name)
     } else {
         crate::names::legacy_export_name(kind, name)
     };
-    let legacy_cut = match (direct, group) {
-        (true, _) => legacy_bounded_export_name(&format!("{name}.artifact.{GROUP}")),
-        (false, Some(g)) => legacy_bounded_export_name(&source_export_value(g, kind, name)),
-        (false, None) => String::new(),
-    };
-    current || candidate == legacy || (!legacy_cut.is_empty() && candidate == legacy_cut)
+    if candidate == legacy {
+        return true;
+    }
+    match group {
+        Some(g) => {
+            let value = source_export_value(g, kind, name);
+            candidate == source_export_name(g, kind, name)
+                || candidate == legacy_dotted_export_name(&value)
+                || candidate == legacy_bounded_export_name(&value)
+        }
+        None => {
+            let head = source_export_name("", kind, name);
+            let head = &head[..head.len() - EXPORT_HASH_LEN];
+            let dotted = candidate
+                .strip_prefix(&format!("{name}.{lower}."))
+                .is_some_and(|g| !g.is_empty());
+            dotted
+                || (candidate.len() == head.len() + EXPORT_HASH_LEN
+                    && candidate.starts_with(head)
+                    && export_kind_hash(candidate).is_some())
+        }
+    }
 }
 
 /// One Artifact of a source, as the default rule sees it.
@@ -118,19 +169,26 @@ mod tests {
     #[test]
     fn export_names_of_now_and_before_are_recognised() {
         let g = Some("sources.openflux.dev");
-        assert!(is_export_name(
-            g,
-            "HttpSource",
-            "web",
-            "web.httpsource.sources.openflux.dev"
-        ));
-        assert!(is_export_name(
-            None,
-            "HttpSource",
-            "web",
-            "web.httpsource.sources.openflux.dev"
-        ));
-        assert!(is_export_name(g, "HttpSource", "web", "httpsource-web"));
+        let web = source_export_name("sources.openflux.dev", "HttpSource", "web");
+        assert!(web.starts_with("web-httpsource--"), "{web}");
+        for group in [g, None] {
+            for candidate in [
+                web.as_str(),
+                "web.httpsource.sources.openflux.dev",
+                "httpsource-web",
+            ] {
+                assert!(
+                    is_export_name(group, "HttpSource", "web", candidate),
+                    "{candidate}"
+                );
+            }
+        }
+        let other = source_export_name("other.io", "HttpSource", "web");
+        assert!(!is_export_name(g, "HttpSource", "web", &other));
+        assert!(
+            is_export_name(None, "HttpSource", "web", &other),
+            "no group to tell"
+        );
         assert!(!is_export_name(
             g,
             "HttpSource",
@@ -144,34 +202,60 @@ mod tests {
             "web.httpsource."
         ));
         assert!(!is_export_name(g, "HttpSource", "web", "my-own-repo"));
-        assert!(is_export_name(
+        assert!(!is_export_name(
             None,
-            "Artifact",
-            "a1",
-            "a1.artifact.openflux.dev"
+            "HttpSource",
+            "web",
+            "web-httpsource--notahash000"
         ));
-        assert!(is_export_name(
-            Some("openflux.dev"),
-            "Artifact",
-            "a1",
-            "artifact-a1"
-        ));
+        assert!(!is_export_name(None, "HttpSource", "we", &web));
+        let a1 = artifact_export_name("a1");
+        assert!(a1.starts_with("a1-artifact--"), "{a1}");
+        for candidate in [a1.as_str(), "a1.artifact.openflux.dev", "artifact-a1"] {
+            assert!(
+                is_export_name(None, "Artifact", "a1", candidate),
+                "{candidate}"
+            );
+            assert!(is_export_name(
+                Some("openflux.dev"),
+                "Artifact",
+                "a1",
+                candidate
+            ));
+        }
         assert!(!is_export_name(None, "Artifact", "a1", "a1.artifact.other"));
+        // A long name is cut at the same place with or without its group.
+        let long = "l".repeat(250);
+        let cut = source_export_name("sources.openflux.dev", "HttpSource", &long);
+        assert_eq!(cut.len(), MAX_NAME);
+        assert!(is_export_name(None, "HttpSource", &long, &cut));
+        assert!(is_export_name(g, "HttpSource", &long, &cut));
     }
 
     #[test]
-    fn names_carry_the_group() {
-        assert_eq!(
-            source_export_name("sources.openflux.dev", "HttpSource", "web"),
-            "web.httpsource.sources.openflux.dev"
-        );
+    fn names_carry_the_group_and_kind_in_their_hash() {
+        let web = source_export_name("sources.openflux.dev", "HttpSource", "web");
+        assert_ne!(web, source_export_name("other.io", "HttpSource", "web"));
+        assert!(names_kind(&web, "sources.openflux.dev", "HttpSource"));
+        assert!(!names_kind(&web, "other.io", "HttpSource"));
+        assert!(!names_kind(&web, "sources.openflux.dev", "Gizmo"));
+        assert!(!names_kind(
+            "web.httpsource.sources.openflux.dev",
+            "sources.openflux.dev",
+            "HttpSource"
+        ));
+        // Dots and dashes in the name, told apart by the hash.
         assert_ne!(
-            source_export_name("sources.openflux.dev", "HttpSource", "web"),
-            source_export_name("other.io", "HttpSource", "web")
+            source_export_name("g.io", "K", "a.b"),
+            source_export_name("g.io", "K", "a-b")
         );
         assert_eq!(
-            artifact_export_name("web-v2"),
+            dotted_artifact_export_name("web-v2"),
             "web-v2.artifact.openflux.dev"
+        );
+        assert_eq!(
+            dotted_source_export_name("sources.openflux.dev", "HttpSource", "web"),
+            "web.httpsource.sources.openflux.dev"
         );
     }
 

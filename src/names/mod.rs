@@ -2,13 +2,18 @@
 //!
 //! The mirror names an Artifact after its source's kind and name
 //! (`<kind>-<name>`, [`mirror_artifact_name`]). Exported objects are named
-//! by [`identity`] (`<name>.<kind>.<group>`), which the webhook computes too,
-//! so it can rewrite a reference before the exported object exists; the
-//! names earlier releases gave exports (`<kind>-<name>`, `artifact-<name>`)
-//! are kept here only to recognise consumers rewritten to them. Names longer
-//! than Kubernetes allows are cut and given a hash suffix, so distinct inputs
-//! stay distinct; an export's name cut to fit is always exactly [`MAX_NAME`]
-//! long, the one mark of an export a cut name keeps.
+//! by [`identity`] (`<name>-<kind>--<hash>`, [`export_name`]), which the
+//! webhook computes too, so it can rewrite a reference before the exported
+//! object exists. An export's name holds no dot, as ArtifactGenerator's
+//! `spec.sources[].name` requires, and always ends in `--` and
+//! [`EXPORT_HASH_LEN`] hex characters: the mark by which the validating
+//! webhook's `matchConditions` and the policies tell an export's name.
+//!
+//! The names earlier releases gave exports (`<kind>-<name>`,
+//! `artifact-<name>`, then `<name>.<kind>.<group>`) are kept here only to
+//! recognise consumers rewritten to them. Names longer than Kubernetes
+//! allows are cut and given a hash suffix, so distinct inputs stay
+//! distinct.
 
 pub mod identity;
 
@@ -22,6 +27,14 @@ pub const MAX_NAME: usize = 253;
 pub const MAX_LABEL_VALUE: usize = 63;
 /// Hex characters of the hash suffix added to names that had to be cut.
 const HASH_LEN: usize = 10;
+/// Hex characters of each of the two hashes that end an export's name.
+const EXPORT_HALF_HASH: usize = 6;
+/// Hex characters that end an export's name, after `--`: a hash of its
+/// source's group and kind, then one of its whole identity.
+pub const EXPORT_HASH_LEN: usize = 2 * EXPORT_HALF_HASH;
+/// The end of every export's name, as a regular expression (RE2, which CEL's
+/// `matches` speaks): what [`export_kind_hash`] reads.
+pub const EXPORT_NAME_END: &str = "--[0-9a-f]{12}$";
 
 /// Name of the Artifact mirrored from the stock source `name` of kind `stock`.
 pub fn mirror_artifact_name(stock: &StockSource, name: &str) -> String {
@@ -58,13 +71,51 @@ fn joined(prefix: &str, name: &str, max: usize) -> String {
     bounded(&format!("{prefix}-{name}"), max)
 }
 
-/// `value` as an export's name: itself when it fits, otherwise cut to
-/// exactly [`MAX_NAME`] characters, so that a name cut to fit is told by
-/// its length alone (the validating webhook's `matchConditions` select
-/// references to exports by their shape; a cut name has no dots to show).
-/// Its first part and a hash of the whole; a `.` where the hash joins on
-/// becomes `-`, keeping the name a DNS subdomain.
-pub fn bounded_export_name(value: &str) -> String {
+/// An export's name: `head` with its dots turned to dashes (cut when the
+/// whole would not fit in [`MAX_NAME`]), then `--`, a hash of `kind_key`
+/// and a hash of `identity`. `head` is for people (`<name>-<kind>`); the
+/// hashes make the name tell apart what the head cannot (`a.b` from `a-b`,
+/// one group from another) and let the policies read the kind back without
+/// a lookup ([`export_kind_hash`]). Holds no dot, so every consumer's
+/// schema takes it (ArtifactGenerator's `sources[].name` is a DNS label).
+pub fn export_name(head: &str, kind_key: &str, identity: &str) -> String {
+    let suffix = format!("--{}{}", short_hash(kind_key), short_hash(identity));
+    let mut head: String = head
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    head.truncate(MAX_NAME - suffix.len());
+    let head = head.trim_matches('-');
+    format!("{head}{suffix}")
+}
+
+/// The hash of the group and kind that ends `name` when it is shaped as an
+/// export's name ([`export_name`]), else `None`.
+pub fn export_kind_hash(name: &str) -> Option<&str> {
+    let at = name.len().checked_sub(EXPORT_HASH_LEN)?;
+    let (before, hash) = (name.get(..at)?, name.get(at..)?);
+    let hex = hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    (before.ends_with("--") && hex).then(|| &hash[..EXPORT_HALF_HASH])
+}
+
+/// The hash [`export_name`] writes for `kind_key`.
+pub fn kind_hash(kind_key: &str) -> String {
+    short_hash(kind_key)
+}
+
+fn short_hash(value: &str) -> String {
+    hex::encode(Sha256::digest(value.as_bytes()))[..EXPORT_HALF_HASH].to_string()
+}
+
+/// The name the release before gave an export (`<name>.<kind>.<group>`):
+/// `value` itself when it fits, otherwise cut to exactly [`MAX_NAME`]
+/// characters, its first part and a hash of the whole (a `.` where the hash
+/// joins on became `-`). Kept to recognise consumers rewritten to one.
+pub fn legacy_dotted_export_name(value: &str) -> String {
     if value.len() <= MAX_NAME {
         return value.to_string();
     }
@@ -145,25 +196,58 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_export_name_is_told_by_its_length() {
-        for name_len in 200..=253 {
-            for tail in ["a.kind.example.com", "x.k.g.io", "-.x"] {
-                let value = format!("{}{tail}", "n".repeat(name_len));
-                let name = bounded_export_name(&value);
-                if value.len() <= MAX_NAME {
-                    assert_eq!(name, value);
-                    continue;
-                }
-                assert_eq!(name.len(), MAX_NAME, "{value}");
-                assert!(!name.contains(".-") && !name.contains("-."), "{name}");
-                assert!(name.ends_with(|c: char| c.is_ascii_alphanumeric()));
-                assert_ne!(name, bounded_export_name(&format!("{value}x")));
+    fn an_export_name_has_no_dot_and_ends_in_its_mark() {
+        for name_len in [1, 40, 200, 230, 241, 253] {
+            for (head, key) in [
+                ("a.kind", "kind.example.com"),
+                ("x-k", "k.g.io"),
+                ("-.x", "x"),
+            ] {
+                let head = format!("{}{head}", "n".repeat(name_len));
+                let identity = format!("{head}.{key}");
+                let name = export_name(&head, key, &identity);
+                assert!(name.len() <= MAX_NAME, "{name}");
+                assert!(!name.contains('.'), "{name}");
+                assert!(name.starts_with(|c: char| c.is_ascii_alphanumeric()));
+                assert_eq!(export_kind_hash(&name), Some(kind_hash(key).as_str()));
+                // The identity tells apart what the head cannot.
+                let twin = export_name(&head, key, &format!("{identity}x"));
+                assert_ne!(name, twin);
             }
         }
-        // The earlier rule could end shorter, with no dot left to show.
+        assert_eq!(
+            export_name(
+                "web-httpsource",
+                "httpsource.sources.openflux.dev",
+                "web.httpsource.sources.openflux.dev"
+            ),
+            export_name(
+                "web.httpsource",
+                "httpsource.sources.openflux.dev",
+                "web.httpsource.sources.openflux.dev"
+            ),
+            "the head is only read by people"
+        );
+        for not_export in [
+            "web",
+            "web--12345",
+            "web-0123456789ab",
+            "web--0123456789aB",
+            "web.--0123456789ab.x",
+        ] {
+            assert_eq!(export_kind_hash(not_export), None, "{not_export}");
+        }
+        assert_eq!(export_kind_hash("web--0123456789ab"), Some("012345"));
+        // The regular expression says what export_kind_hash reads.
+        assert_eq!(EXPORT_NAME_END, format!("--[0-9a-f]{{{EXPORT_HASH_LEN}}}$"));
+    }
+
+    #[test]
+    fn the_dotted_names_of_the_release_before_are_kept() {
         let value = format!("{}.gizmo.e2e.example", "g".repeat(241));
+        assert_eq!(legacy_dotted_export_name(&value).len(), MAX_NAME);
         assert_eq!(legacy_bounded_export_name(&value).len(), 252);
-        assert_eq!(bounded_export_name(&value).len(), MAX_NAME);
+        assert_eq!(legacy_dotted_export_name("web.k.g.io"), "web.k.g.io");
     }
 
     #[test]

@@ -3,24 +3,28 @@
 //! anything the consumer's author writes besides the reference itself (an
 //! annotation on the consumer is theirs to forge).
 //!
-//! An export of a source is named `<name>.<kind>.<group>`
-//! ([`crate::names::identity`]); a custom source's group is a CRD's, which
-//! has a dot. So a name with three dots or more may be an export, and each
-//! way of cutting it into name, lower-case kind and group is a source it may
-//! stand for. Of those, the kinds the cluster serves count (the survey's
-//! [`Facts`]); when none is served, every cut counts, so a reference made
-//! before its source kind is installed is judged as strictly as after. An
-//! Artifact's own export (`<artifact>.artifact.openflux.dev`) stands for the
-//! Artifact's source when the owner index knows it, otherwise for kind
-//! `Artifact`. A name cut to the longest a name may be (it ends in a hash)
-//! cannot be split: it stands for the sources with Artifacts in the
-//! namespace whose export has that name (none known: no candidate, and a
-//! restricted namespace refuses it until the source has an Artifact).
+//! An export of a source is named `<name>-<kind>--` and two hashes, the
+//! first of its group and kind ([`crate::names::identity`]). So a name that
+//! ends so may be an export, and it stands for each kind the cluster serves
+//! (the survey's [`Facts`]) whose hash it carries; when none is served, for
+//! the sources with Artifacts in the namespace whose export has that name
+//! (none known: no candidate, and a restricted namespace refuses it until
+//! its kind is served). An Artifact's own export stands for the Artifact's
+//! source when the owner index knows it, otherwise for kind `Artifact`.
+//!
+//! The release before named exports `<name>.<kind>.<group>`, and consumers
+//! it rewrote keep those names until openflux re-points them: a name with
+//! three dots or more may be one, and each way of cutting it into name,
+//! lower-case kind and group is a source it may stand for. Of those, the
+//! kinds the cluster serves count; when none is served, every cut counts.
+//! Such a name cut to the longest a name may be (it ends in a hash) cannot
+//! be split: it stands for the sources with Artifacts in the namespace
+//! whose export had that name.
 
 use crate::api;
 use crate::cluster::facts::Facts;
 use crate::index::OwnerIndex;
-use crate::names::{identity, MAX_NAME};
+use crate::names::{export_kind_hash, identity, MAX_NAME};
 use crate::vocabulary::consumers::is_stock_ref;
 
 use super::SourceKind;
@@ -40,10 +44,11 @@ pub fn is_export_kind(api_version: Option<&str>, kind: &str) -> bool {
     matches!(kind, "ExternalArtifact" | "OCIRepository") && is_stock_ref(api_version, kind)
 }
 
-/// Whether `name` has the shape of an export's name: what the validating
-/// webhook configuration's `matchConditions` select, in Rust.
+/// Whether `name` has the shape of an export's name, now or in the release
+/// before: what the validating webhook configuration's `matchConditions`
+/// select, in Rust.
 pub fn has_export_shape(name: &str) -> bool {
-    name.matches('.').count() >= 3 || name.len() == MAX_NAME
+    export_kind_hash(name).is_some() || name.matches('.').count() >= 3 || name.len() == MAX_NAME
 }
 
 /// Reads a reference of `kind` named `name` in `namespace` (the reference's
@@ -59,6 +64,9 @@ pub fn read(
     if !is_export_kind(api_version, kind) || !has_export_shape(name) {
         return Reading::NotAnExport;
     }
+    if export_kind_hash(name).is_some() {
+        return Reading::Export(read_export_name(name, namespace, index, facts));
+    }
     let mut kinds = Vec::new();
     if name.len() == MAX_NAME {
         // Perhaps cut to the limit (then it ends in a hash and cannot be
@@ -68,7 +76,7 @@ pub fn read(
             index
                 .sources()
                 .filter(|s| &*s.namespace == namespace)
-                .filter(|s| identity::source_export_name(&s.group, &s.kind, &s.name) == name)
+                .filter(|s| identity::dotted_source_export_name(&s.group, &s.kind, &s.name) == name)
                 .map(|s| SourceKind::new(&*s.group, &*s.kind)),
         );
     }
@@ -91,6 +99,64 @@ pub fn read(
     kinds.sort();
     kinds.dedup();
     Reading::Export(kinds)
+}
+
+/// The source kinds an export's name ([`crate::names::export_name`]) may
+/// stand for: the served kinds whose hash it carries, else the sources
+/// openflux knows in `namespace` exported under it.
+fn read_export_name(
+    name: &str,
+    namespace: &str,
+    index: &OwnerIndex,
+    facts: &Facts,
+) -> Vec<SourceKind> {
+    let mut kinds = Vec::new();
+    for (kind, groups) in &facts.kinds {
+        for group in groups
+            .iter()
+            .filter(|g| identity::names_kind(name, g, kind))
+        {
+            if group == api::GROUP && kind == api::KIND {
+                kinds.push(artifact_export_source(index, namespace, name));
+            } else {
+                kinds.push(SourceKind::new(group.as_str(), kind.as_str()));
+            }
+        }
+    }
+    if kinds.is_empty() {
+        kinds.extend(
+            index
+                .sources()
+                .filter(|s| &*s.namespace == namespace)
+                .filter(|s| identity::source_export_name(&s.group, &s.kind, &s.name) == name)
+                .map(|s| SourceKind::new(&*s.group, &*s.kind)),
+        );
+    }
+    kinds.sort();
+    kinds.dedup();
+    kinds
+}
+
+/// The source kind the export of one Artifact named `export` stands for:
+/// its owner's, when the index knows an Artifact of `namespace` exported
+/// under that name (its head names it unless the name had dots or was cut),
+/// else `Artifact` itself.
+fn artifact_export_source(index: &OwnerIndex, namespace: &str, export: &str) -> SourceKind {
+    let head = &export[..export.len() - crate::names::EXPORT_HASH_LEN - 2];
+    let named = head
+        .strip_suffix("-artifact")
+        .and_then(|artifact| index.artifact(namespace, artifact))
+        .filter(|a| identity::artifact_export_name(&a.key.name) == export);
+    let found = named.or_else(|| {
+        index
+            .listed()
+            .filter(|a| &*a.key.namespace == namespace)
+            .find(|a| identity::artifact_export_name(&a.key.name) == export)
+    });
+    match found {
+        Some(a) => artifact_source(index, namespace, &a.key.name),
+        None => SourceKind::new(api::GROUP, api::KIND),
+    }
 }
 
 /// Every way to read `name` as `<source>.<kind>.<group>` with a group that

@@ -12,7 +12,7 @@
 //! `e2e_policy`.
 
 use crate::api::{StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
-use crate::names::MAX_NAME;
+use crate::names::{EXPORT_NAME_END, MAX_NAME};
 
 /// How the references sit in the consumer's object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,8 +275,9 @@ fn field_condition(field: &RefField) -> String {
 /// The CEL `matchConditions` expression of openflux's validating webhook
 /// for `consumer`: true when a reference names one of the kinds openflux
 /// exports as (ExternalArtifact, OCIRepository, of Flux's API) with a name
-/// that has the shape of an export's (three dots or more, or cut to the
-/// longest name). Every other object, stock Flux's included, is admitted
+/// that has the shape of an export's (ending in `--` and 12 hex
+/// characters) or of the release before's (three dots or more, or cut to
+/// the longest name). Every other object, stock Flux's included, is admitted
 /// without openflux, so it keeps working while openflux is down. The Rust
 /// twin is `policy::candidates::has_export_shape`.
 pub fn export_match_condition(consumer: &Consumer) -> String {
@@ -296,7 +297,7 @@ pub fn export_match_condition(consumer: &Consumer) -> String {
         };
         format!(
             "has({r}.kind) && has({r}.name) && {r}.kind in ['ExternalArtifact', 'OCIRepository']{api_version} && \
-             ({r}.name.matches('[.].*[.].*[.]') || size({r}.name) == {MAX_NAME})"
+             ({r}.name.matches('{EXPORT_NAME_END}') || {r}.name.matches('[.].*[.].*[.]') || size({r}.name) == {MAX_NAME})"
         )
     };
     guards.push(match field.shape {
@@ -615,6 +616,10 @@ mod tests {
         );
         assert!(
             exports.contains("r.name.matches('[.].*[.].*[.]')"),
+            "{exports}"
+        );
+        assert!(
+            exports.contains(&format!("r.name.matches('{EXPORT_NAME_END}')")),
             "{exports}"
         );
         assert!(

@@ -51,9 +51,18 @@ fn index() -> OwnerIndex {
         owners[0].name = LONG.repeat(250);
         owners[0].uid = "uid-long".into();
     }
+    // A source of a kind the cluster does not serve (now).
+    let mut gizmo = a.clone();
+    gizmo.metadata.name = Some("g1".into());
+    if let Some(owners) = gizmo.metadata.owner_references.as_mut() {
+        owners[0].api_version = "e2e.example/v1".into();
+        owners[0].kind = "Gizmo".into();
+        owners[0].name = "gz".into();
+        owners[0].uid = "uid-gz".into();
+    }
     let mut idx = OwnerIndex::new();
     idx.reset(
-        [a, loose, long]
+        [a, loose, long, gizmo]
             .iter()
             .filter_map(IndexedArtifact::from_artifact),
     );
@@ -71,9 +80,21 @@ fn kinds(list: &[(&str, &str)]) -> Reading {
 fn references_are_read_as_the_sources_their_names_may_stand_for() {
     let flux = Some("source.toolkit.fluxcd.io/v1");
     let long = "a".repeat(MAX_NAME);
-    let cut =
-        crate::names::identity::source_export_name("zz.example.test", "Widget", &LONG.repeat(250));
+    use crate::names::identity::{
+        artifact_export_name, dotted_source_export_name, source_export_name,
+    };
+    let cut = source_export_name("zz.example.test", "Widget", &LONG.repeat(250));
     assert_eq!(cut.len(), MAX_NAME);
+    let dotted_cut = dotted_source_export_name("zz.example.test", "Widget", &LONG.repeat(250));
+    assert_eq!(dotted_cut.len(), MAX_NAME);
+    let http = source_export_name("source.openflux.dev", "HttpSource", "my.web");
+    let (w1, loose, nope) = (
+        artifact_export_name("w1"),
+        artifact_export_name("loose"),
+        artifact_export_name("nope"),
+    );
+    let gizmo = source_export_name("e2e.example", "Gizmo", "gz");
+    let unknown = source_export_name("e2e.example", "Gizmo", "other");
     let cases: Vec<(&str, Option<&str>, &str, &str, Reading)> = vec![
         (
             "a stock OCIRepository",
@@ -179,6 +200,69 @@ fn references_are_read_as_the_sources_their_names_may_stand_for() {
             "ExternalArtifact",
             &cut,
             kinds(&[("zz.example.test", "Widget")]),
+        ),
+        (
+            "a dotted name cut to the limit, its source known",
+            flux,
+            "ExternalArtifact",
+            &dotted_cut,
+            kinds(&[("zz.example.test", "Widget")]),
+        ),
+        (
+            "an HttpSource export, as openflux names it now",
+            flux,
+            "ExternalArtifact",
+            &http,
+            kinds(&[("source.openflux.dev", "HttpSource")]),
+        ),
+        (
+            "a shadow named so",
+            None,
+            "OCIRepository",
+            &http,
+            kinds(&[("source.openflux.dev", "HttpSource")]),
+        ),
+        (
+            "named so, not an export kind",
+            flux,
+            "GitRepository",
+            &http,
+            Reading::NotAnExport,
+        ),
+        (
+            "an Artifact's export named so stands for its owner",
+            flux,
+            "ExternalArtifact",
+            &w1,
+            kinds(&[("zz.example.test", "Widget")]),
+        ),
+        (
+            "an ownerless Artifact's export named so",
+            flux,
+            "ExternalArtifact",
+            &loose,
+            kinds(&[("openflux.dev", "Artifact")]),
+        ),
+        (
+            "an unknown Artifact's export named so",
+            flux,
+            "ExternalArtifact",
+            &nope,
+            kinds(&[("openflux.dev", "Artifact")]),
+        ),
+        (
+            "a kind not served, its source known",
+            flux,
+            "ExternalArtifact",
+            &gizmo,
+            kinds(&[("e2e.example", "Gizmo")]),
+        ),
+        (
+            "a kind not served, no source known",
+            flux,
+            "ExternalArtifact",
+            &unknown,
+            kinds(&[]),
         ),
     ];
     let (index, facts) = (index(), facts());

@@ -12,6 +12,16 @@ const HTTP: &str = "sources.openflux.dev/v1alpha1";
 const OTHER: &str = "other.example.com/v1";
 const FLUX: &str = "source.toolkit.fluxcd.io/v1";
 
+/// The export of HttpSource `name` (sources.openflux.dev).
+fn http(name: &str) -> String {
+    identity::source_export_name("sources.openflux.dev", "HttpSource", name)
+}
+
+/// The export of Artifact `name` referenced directly.
+fn art(name: &str) -> String {
+    identity::artifact_export_name(name)
+}
+
 fn fixture(name: &str) -> Value {
     let path = format!(
         "{}/tests/fixtures/admission/{name}.json",
@@ -279,7 +289,7 @@ fn custom_reference_by_api_version_is_rewritten() {
         serde_json::to_value(patch).unwrap(),
         json!([
             {"op": "replace", "path": "/spec/sourceRef",
-             "value": {"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"}},
+             "value": {"apiVersion": FLUX, "kind": "ExternalArtifact", "name": http("web")}},
             {"op": "add", "path": "/metadata/annotations/openflux.dev~1source-ref",
              "value": r#"{"apiVersion":"sources.openflux.dev/v1alpha1","kind":"HttpSource","name":"web"}"#}
         ])
@@ -314,7 +324,7 @@ fn custom_reference_by_kind_only_is_rewritten_and_gets_annotations() {
     // No apiVersion was written, yet the rewrite sets the export's.
     assert_eq!(
         stored["spec"]["sourceRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": http("web")})
     );
     assert_idempotent(&review);
 }
@@ -343,7 +353,7 @@ fn namespace_is_kept_only_when_written() {
     let stored = apply(&object_of(&review), &decide_review(&review));
     assert_eq!(
         stored["spec"]["sourceRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "shared.httpsource.sources.openflux.dev", "namespace": "infra"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": http("shared"), "namespace": "infra"})
     );
     assert_eq!(
         annotation(&stored),
@@ -384,13 +394,10 @@ fn missing_source_is_admitted_with_a_warning() {
     let decision = decide_review(&review);
     assert_eq!(
         warnings(&decision),
-        vec!["HttpSource apps/later has no Artifact yet; Flux will wait until openflux exports it as apps/later.httpsource.sources.openflux.dev"]
+        vec![format!("HttpSource apps/later has no Artifact yet; Flux will wait until openflux exports it as apps/{}", http("later"))]
     );
     let stored = apply(&object_of(&review), &decision);
-    assert_eq!(
-        stored["spec"]["sourceRef"]["name"],
-        "later.httpsource.sources.openflux.dev"
-    );
+    assert_eq!(stored["spec"]["sourceRef"]["name"], http("later"));
     // Once the source has its Artifact, the same manifest maps to the same object.
     let mut idx = index();
     idx.apply(&artifact(
@@ -425,10 +432,7 @@ fn ambiguous_kind_is_denied_with_the_candidates() {
 fn a_source_with_several_artifacts_gets_its_one_stable_export() {
     let review = kustomization(json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "multi"}));
     let before = apply(&object_of(&review), &decide_review(&review));
-    assert_eq!(
-        before["spec"]["sourceRef"]["name"],
-        "multi.httpsource.sources.openflux.dev"
-    );
+    assert_eq!(before["spec"]["sourceRef"]["name"], http("multi"));
     // A third Artifact changes nothing for the consumer.
     let mut idx = index();
     idx.apply(&artifact("apps", "m0", Some((HTTP, "HttpSource", "multi"))));
@@ -456,7 +460,7 @@ fn the_target_kind_follows_the_facts() {
     );
     assert_eq!(
         stored["spec"]["sourceRef"],
-        json!({"apiVersion": "source.toolkit.fluxcd.io/v1beta2", "kind": "OCIRepository", "name": "web.httpsource.sources.openflux.dev"})
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1beta2", "kind": "OCIRepository", "name": http("web")})
     );
     // No target for the consumer: denied, saying why.
     let mut none = facts.clone();
@@ -510,7 +514,7 @@ fn an_unserved_kind_is_denied_with_or_without_api_version() {
     let stored = apply(&object_of(&review), &decide_review(&review));
     assert_eq!(
         stored["spec"]["sourceRef"]["name"],
-        "w.widget.widgets.example.com"
+        identity::source_export_name("widgets.example.com", "Widget", "w")
     );
 }
 
@@ -520,17 +524,17 @@ fn artifact_references_point_at_what_the_artifact_is_consumed_through() {
         // Owned by a custom source, its only Artifact: the source's export.
         (
             json!({"apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact", "name": "web-latest"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": http("web")}),
         ),
         // Not its source's default (m1 is): exported under its own name.
         (
             json!({"kind": "Artifact", "name": "m2"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "m2.artifact.openflux.dev"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": art("m2")}),
         ),
         // Standalone.
         (
             json!({"kind": "Artifact", "name": "loose"}),
-            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "loose.artifact.openflux.dev"}),
+            json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": art("loose")}),
         ),
         // Mirrored from a stock source: that source itself.
         (
@@ -550,7 +554,7 @@ fn artifact_references_point_at_what_the_artifact_is_consumed_through() {
     let review = kustomization(json!({"apiVersion": OTHER, "kind": "Artifact", "name": "x"}));
     assert_eq!(
         apply(&object_of(&review), &decide_review(&review))["spec"]["sourceRef"]["name"],
-        "x.artifact.other.example.com"
+        identity::source_export_name("other.example.com", "Artifact", "x")
     );
 }
 
@@ -559,7 +563,7 @@ fn missing_artifact_is_admitted_with_a_warning() {
     let review = kustomization(json!({"kind": "Artifact", "name": "soon"}));
     assert_eq!(
         warnings(&decide_review(&review)),
-        vec!["Artifact apps/soon does not exist yet; Flux will wait until openflux exports it as apps/soon.artifact.openflux.dev"]
+        vec![format!("Artifact apps/soon does not exist yet; Flux will wait until openflux exports it as apps/{}", art("soon"))]
     );
 }
 
@@ -591,7 +595,7 @@ fn helmrelease_chart_ref_to_a_custom_source_is_rewritten() {
     let stored = apply(&object_of(&review), &decide_review(&review));
     assert_eq!(
         stored["spec"]["chartRef"],
-        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": "chart.httpsource.sources.openflux.dev"})
+        json!({"apiVersion": FLUX, "kind": "ExternalArtifact", "name": http("chart")})
     );
     assert_eq!(stored["spec"]["values"], json!({"replicaCount": 2}));
     assert_idempotent(&review);
@@ -637,11 +641,20 @@ fn artifact_generator_sources_are_rewritten_one_by_one() {
         stored["spec"]["sources"],
         json!([
             {"alias": "git", "kind": "GitRepository", "name": "podinfo"},
-            {"alias": "web", "kind": "ExternalArtifact", "name": "web.httpsource.sources.openflux.dev"},
-            {"alias": "loose", "kind": "ExternalArtifact", "name": "loose.artifact.openflux.dev"}
+            {"alias": "web", "kind": "ExternalArtifact", "name": http("web")},
+            {"alias": "loose", "kind": "ExternalArtifact", "name": art("loose")}
         ]),
         "no apiVersion: the ArtifactGenerator source reference has none"
     );
+    // source-watcher's schema: `^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`, at most
+    // 253 characters.
+    for source in stored["spec"]["sources"].as_array().unwrap() {
+        let name = source["name"].as_str().unwrap();
+        let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        assert!(name.len() <= 253, "{name}");
+        assert!(name.starts_with(label) && name.ends_with(label), "{name}");
+        assert!(name.chars().all(|c| label(c) || c == '-'), "{name}");
+    }
     assert_eq!(
         annotation(&stored),
         Some(

@@ -7,8 +7,26 @@ use crate::policy::{Policies, Rule};
 use crate::webhook::review;
 
 const FLUX: &str = "source.toolkit.fluxcd.io/v1";
-const HTTP_EXPORT: &str = "web.httpsource.source.openflux.dev";
-const WIDGET_EXPORT: &str = "w.widget.zz.example.test";
+/// The exports of HttpSource `web` and Widget `w`: as openflux names them,
+/// then as the release before did.
+fn exports() -> [(String, String); 2] {
+    use crate::names::identity::{dotted_source_export_name, source_export_name};
+    [
+        (
+            source_export_name("source.openflux.dev", "HttpSource", "web"),
+            source_export_name("zz.example.test", "Widget", "w"),
+        ),
+        (
+            dotted_source_export_name("source.openflux.dev", "HttpSource", "web"),
+            dotted_source_export_name("zz.example.test", "Widget", "w"),
+        ),
+    ]
+}
+
+/// Widget `w`'s export.
+fn widget_export() -> String {
+    crate::names::identity::source_export_name("zz.example.test", "Widget", "w")
+}
 
 fn facts() -> Facts {
     let mut facts = Facts {
@@ -143,97 +161,117 @@ fn a_direct_reference_to_an_export_is_judged_by_its_source_kind() {
     let ea = |name: &str| json!({"kind": "ExternalArtifact", "apiVersion": FLUX, "name": name});
     let shadow = |name: &str| json!({"kind": "OCIRepository", "name": name});
     let deny = |policy: &str, kind: &str| Some((policy.to_string(), kind.to_string()));
-    #[allow(clippy::type_complexity)]
-    let cases: Vec<(&str, Vec<u8>, Option<(String, String)>)> = vec![
-        (
-            "A names its HttpSource export",
-            ks("team-a", ea(HTTP_EXPORT)),
-            None,
-        ),
-        (
-            "A names a Widget export",
-            ks("team-a", ea(WIDGET_EXPORT)),
-            deny("tenant-a", "Widget.zz.example.test"),
-        ),
-        (
-            "A names a Widget shadow",
-            ks("team-a", shadow(WIDGET_EXPORT)),
-            deny("tenant-a", "Widget.zz.example.test"),
-        ),
-        (
-            "B names an HttpSource export",
-            ks("team-b", ea(HTTP_EXPORT)),
-            deny("tenant-b", "HttpSource.source.openflux.dev"),
-        ),
-        (
-            "B names its Widget export",
-            ks("team-b", ea(WIDGET_EXPORT)),
-            None,
-        ),
-        (
-            "a namespace no policy selects",
-            ks("open", ea(WIDGET_EXPORT)),
-            None,
-        ),
-        (
-            "A names a stock OCIRepository",
-            ks("team-a", shadow("podinfo")),
-            None,
-        ),
-        (
-            "A names the export in B's namespace",
-            ks(
-                "team-a",
-                json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT, "namespace": "team-b"}),
+    for (http_export, widget_export) in exports() {
+        let (http_export, widget_export) = (http_export.as_str(), widget_export.as_str());
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(&str, Vec<u8>, Option<(String, String)>)> = vec![
+            (
+                "A names its HttpSource export",
+                ks("team-a", ea(http_export)),
+                None,
             ),
-            deny("tenant-a", "Widget.zz.example.test"),
-        ),
-        (
-            "a HelmRelease chartRef",
-            review(HR, "team-b", json!({"chartRef": ea(HTTP_EXPORT)})),
-            deny("tenant-b", "HttpSource.source.openflux.dev"),
-        ),
-        (
-            "an ArtifactGenerator, one entry of two",
-            review(
-                AG,
-                "team-a",
-                json!({"sources": [
-            {"alias": "one", "kind": "ExternalArtifact", "name": HTTP_EXPORT},
-            {"alias": "two", "kind": "ExternalArtifact", "name": WIDGET_EXPORT}]}),
+            (
+                "A names a Widget export",
+                ks("team-a", ea(widget_export)),
+                deny("tenant-a", "Widget.zz.example.test"),
             ),
-            deny("tenant-a", "Widget.zz.example.test"),
-        ),
-        (
-            "an export of a kind no API serves",
-            ks("team-a", ea("x.gizmo.new.example.test")),
-            deny("tenant-a", "new.example.test"),
-        ),
-    ];
-    for (what, body, want) in cases {
-        let decision = validate(&body, &policies(), &Options::default());
-        match want {
-            None => assert_eq!(decision, Decision::Unchanged, "{what}"),
-            Some((policy, kind)) => {
-                let message = denial(&decision);
-                assert!(
-                    message.contains(&format!("SourcePolicy {policy} ")),
-                    "{what}: {message}"
-                );
-                assert!(
-                    message.contains(&format!("a source of kind {kind},")),
-                    "{what}: {message}"
-                );
+            (
+                "A names a Widget shadow",
+                ks("team-a", shadow(widget_export)),
+                deny("tenant-a", "Widget.zz.example.test"),
+            ),
+            (
+                "B names an HttpSource export",
+                ks("team-b", ea(http_export)),
+                deny("tenant-b", "HttpSource.source.openflux.dev"),
+            ),
+            (
+                "B names its Widget export",
+                ks("team-b", ea(widget_export)),
+                None,
+            ),
+            (
+                "a namespace no policy selects",
+                ks("open", ea(widget_export)),
+                None,
+            ),
+            (
+                "A names a stock OCIRepository",
+                ks("team-a", shadow("podinfo")),
+                None,
+            ),
+            (
+                "A names the export in B's namespace",
+                ks(
+                    "team-a",
+                    json!({"kind": "ExternalArtifact", "name": widget_export, "namespace": "team-b"}),
+                ),
+                deny("tenant-a", "Widget.zz.example.test"),
+            ),
+            (
+                "a HelmRelease chartRef",
+                review(HR, "team-b", json!({"chartRef": ea(http_export)})),
+                deny("tenant-b", "HttpSource.source.openflux.dev"),
+            ),
+            (
+                "an ArtifactGenerator, one entry of two",
+                review(
+                    AG,
+                    "team-a",
+                    json!({"sources": [
+            {"alias": "one", "kind": "ExternalArtifact", "name": http_export},
+            {"alias": "two", "kind": "ExternalArtifact", "name": widget_export}]}),
+                ),
+                deny("tenant-a", "Widget.zz.example.test"),
+            ),
+        ];
+        for (what, body, want) in cases {
+            let what = format!("{what} ({widget_export})");
+            let decision = validate(&body, &policies(), &Options::default());
+            match want {
+                None => assert_eq!(decision, Decision::Unchanged, "{what}"),
+                Some((policy, kind)) => {
+                    let message = denial(&decision);
+                    assert!(
+                        message.contains(&format!("SourcePolicy {policy} ")),
+                        "{what}: {message}"
+                    );
+                    assert!(
+                        message.contains(&format!("a source of kind {kind},")),
+                        "{what}: {message}"
+                    );
+                }
             }
         }
     }
+    // An export of a kind no API serves: the release before's name still
+    // tells a group (none of them allowed); openflux's own cannot be told.
+    let message = validate(
+        &ks("team-a", ea("x.gizmo.new.example.test")),
+        &policies(),
+        &Options::default(),
+    );
+    assert!(
+        denial(&message).contains("new.example.test,"),
+        "{message:?}"
+    );
+    let gizmo = crate::names::identity::source_export_name("new.example.test", "Gizmo", "x");
+    let message = validate(&ks("team-a", ea(&gizmo)), &policies(), &Options::default());
+    assert!(
+        denial(&message).contains("whose source kind openflux cannot tell"),
+        "{message:?}"
+    );
+    assert_eq!(
+        validate(&ks("open", ea(&gizmo)), &policies(), &Options::default()),
+        Decision::Unchanged
+    );
 }
 
 #[test]
 fn the_cross_namespace_rule_holds_for_a_direct_reference() {
     let body = ks(
         "open",
-        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT, "namespace": "team-b"}),
+        json!({"kind": "ExternalArtifact", "name": widget_export(), "namespace": "team-b"}),
     );
     let strict = Options {
         no_cross_namespace_refs: true,
@@ -263,7 +301,7 @@ fn nothing_is_judged_before_the_policies_are_loaded_but_stock_references_pass() 
     };
     let export = ks(
         "open",
-        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+        json!({"kind": "ExternalArtifact", "name": widget_export()}),
     );
     assert!(matches!(
         validate(&export, &unsynced, &Options::default()),
@@ -284,7 +322,7 @@ fn nothing_is_judged_before_the_policies_are_loaded_but_stock_references_pass() 
     let decide_in = |ns: &str| {
         let body = ks(
             ns,
-            json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+            json!({"kind": "ExternalArtifact", "name": widget_export()}),
         );
         decide(&review::parse(&body).unwrap(), view, &Options::default())
     };
@@ -302,7 +340,7 @@ fn a_namespace_the_watch_has_not_seen_is_not_judged_without_its_labels() {
     // the watch has seen it).
     let export = ks(
         "brand-new",
-        json!({"kind": "ExternalArtifact", "name": WIDGET_EXPORT}),
+        json!({"kind": "ExternalArtifact", "name": widget_export()}),
     );
     let validated = validate(&export, &policies(), &Options::default());
     assert!(
@@ -345,10 +383,10 @@ fn the_mutating_webhook_denies_its_own_rewrite_by_the_same_rule() {
     let denied = mutate(&ks("team-b", http), &policies());
     assert_eq!(
         denial(&denied),
-        "openflux: Kustomization team-b/app refers to HttpSource team-b/web (exported as \
-         web.httpsource.source.openflux.dev) in spec.sourceRef, a source of kind HttpSource.source.openflux.dev, \
+        format!("openflux: Kustomization team-b/app refers to HttpSource team-b/web (exported as \
+         {}) in spec.sourceRef, a source of kind HttpSource.source.openflux.dev, \
          which SourcePolicy tenant-b (selecting namespace team-b) does not allow; use a source of an allowed \
-         kind, or ask an administrator to allow HttpSource.source.openflux.dev for this namespace"
+         kind, or ask an administrator to allow HttpSource.source.openflux.dev for this namespace", exports()[0].0)
     );
     let denied = mutate(&ks("team-a", widget), &policies());
     assert!(denial(&denied).contains("SourcePolicy tenant-a "));
