@@ -333,7 +333,8 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
 }
 
 /// `flux trace` on an object deployed from a custom source names the custom
-/// source as its origin.
+/// source as its origin; `flux reconcile` works on the consumer, and its
+/// `--with-source` is refused by the CLI as the docs say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flux_trace_names_the_custom_source() {
     let env = cluster().await;
@@ -386,6 +387,30 @@ async fn flux_trace_names_the_custom_source() {
         text.contains("v3@sha256:"),
         "flux trace does not show the custom source's revision:\n{text}"
     );
+    // What docs/troubleshooting.md says of `flux reconcile`: the consumer
+    // reconciles; `--with-source` is refused by the CLI itself (it reconciles
+    // no ExternalArtifact and no suspended source), whichever export it is.
+    let flux_run = |args: &[&str]| {
+        let out = tokio::task::block_in_place(|| {
+            std::process::Command::new(&flux)
+                .args(args)
+                .args(["-n", &n, "--timeout=2m"])
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .output()
+                .expect("running flux")
+        });
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (ok, text) = flux_run(&["reconcile", "kustomization", "web"]);
+    assert!(ok, "flux reconcile kustomization web:\n{text}");
+    let (ok, text) = flux_run(&["reconcile", "kustomization", "web", "--with-source"]);
+    assert!(
+        !ok && (text.contains("cannot reconcile source of kind ExternalArtifact")
+            || text.contains("resource is suspended")),
+        "flux reconcile kustomization web --with-source:\n{text}"
+    );
     ns.delete().await;
 }
 
@@ -432,7 +457,8 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
         "{untrusted}"
     );
     for kind in ["ExternalArtifact", "OCIRepository"] {
-        let name = format!("victim.testsource.{TEST_GROUP}");
+        let name =
+            openflux::names::identity::source_export_name(TEST_GROUP, "TestSource", "victim");
         assert!(
             env.find("source.toolkit.fluxcd.io/v1", kind, &n, &name)
                 .await
@@ -517,7 +543,7 @@ async fn labelling_a_refused_artifact_does_not_make_it_the_labellers() {
     // openflux judges the labelled Artifact again; it stays refused and is
     // not exported. Two reconciles after `before`: one of them began after
     // the label (a reconcile running while it landed is followed by another).
-    let export = format!("victim.testsource.{TEST_GROUP}");
+    let export = openflux::names::identity::source_export_name(TEST_GROUP, "TestSource", "victim");
     wait_for(
         "openflux to judge the labelled Artifact",
         TIMEOUT,
@@ -603,7 +629,8 @@ async fn a_forged_default_artifact_does_not_block_the_sources_own() {
         },
     )
     .await;
-    let source_export = format!("app.testsource.{TEST_GROUP}");
+    let source_export =
+        openflux::names::identity::source_export_name(TEST_GROUP, "TestSource", "app");
     let (_, export) = wait_export(&env, &n, "app", |e| e.name_any() == source_export).await;
     env.apply(&kustomization(
         &n,

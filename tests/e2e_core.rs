@@ -285,7 +285,11 @@ async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() 
     // The export is named after the source's group, kind and name.
     assert_eq!(
         export_name,
-        format!("web.testsource.{}", TEST_SOURCE.split('/').next().unwrap())
+        openflux::names::identity::source_export_name(
+            TEST_SOURCE.split('/').next().unwrap(),
+            "TestSource",
+            "web"
+        )
     );
     if support::exports::is_shadow(&exported) {
         assert_eq!(field(&exported, "/spec/suspend"), Some(&json!(true)));

@@ -172,7 +172,11 @@ async fn gate_round_trip(cell: Cell, steps: &[(&str, &str)]) {
                     "source.toolkit.fluxcd.io/v1",
                     old,
                     &n,
-                    "web.testsource.e2e.openflux.dev",
+                    &openflux::names::identity::source_export_name(
+                        "e2e.openflux.dev",
+                        "TestSource",
+                        "web",
+                    ),
                 )
                 .await;
             match left {

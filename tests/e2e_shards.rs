@@ -170,7 +170,7 @@ fn assert_rewritten(stored: &DynamicObject, source: &str) {
     );
     assert_eq!(
         target["name"],
-        format!("{source}.testsource.{GROUP}"),
+        openflux::names::identity::source_export_name(GROUP, "TestSource", source),
         "{target}"
     );
 }

@@ -28,11 +28,11 @@ const POLICY: &str = "openflux.dev/v1alpha1";
 const TENANT: &str = "source-policy.e2e.openflux.dev/tenant";
 
 fn http_export(name: &str) -> String {
-    format!("{name}.httpsource.{HTTP_GROUP}")
+    openflux::names::identity::source_export_name(HTTP_GROUP, "HttpSource", name)
 }
 
 fn widget_export(name: &str) -> String {
-    format!("{name}.testsource.{WIDGET_GROUP}")
+    openflux::names::identity::source_export_name(WIDGET_GROUP, "TestSource", name)
 }
 
 fn http_ref(name: &str) -> Value {

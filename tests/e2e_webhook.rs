@@ -300,7 +300,8 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
     let (ok, _, stderr) = kubectl_apply(&env, &manifest);
     assert!(ok, "{stderr}");
     let warning = format!(
-        "TestSource {n}/later has no Artifact yet; Flux will wait until openflux exports it as {n}/later.testsource.e2e.openflux.dev"
+        "TestSource {n}/later has no Artifact yet; Flux will wait until openflux exports it as {n}/{}",
+        openflux::names::identity::source_export_name("e2e.openflux.dev", "TestSource", "later")
     );
     assert!(stderr.contains(&warning), "{stderr}");
     let ks = env
@@ -309,7 +310,11 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
         .expect("Kustomization");
     assert_eq!(
         field(&ks, "/spec/sourceRef/name"),
-        Some(&json!("later.testsource.e2e.openflux.dev"))
+        Some(&json!(openflux::names::identity::source_export_name(
+            "e2e.openflux.dev",
+            "TestSource",
+            "later"
+        )))
     );
 
     publish_source(
@@ -620,7 +625,11 @@ async fn a_tenants_odd_artifacts_keep_no_replica_from_starting() {
     .expect("a Kustomization naming the good source admitted");
     assert_eq!(
         stored.data["spec"]["sourceRef"]["name"],
-        json!("good.testsource.e2e.openflux.dev")
+        json!(openflux::names::identity::source_export_name(
+            "e2e.openflux.dev",
+            "TestSource",
+            "good"
+        ))
     );
     drop(second);
     drop(webhook);
@@ -688,7 +697,9 @@ async fn a_source_kind_created_a_moment_ago_is_admitted() {
     });
     assert_eq!(
         field(&stored, "/spec/sourceRef/name"),
-        Some(&json!(format!("web.{}.{group}", kind.to_lowercase()))),
+        Some(&json!(openflux::names::identity::source_export_name(
+            group, &kind, "web"
+        ))),
         "{:#}",
         stored.data
     );

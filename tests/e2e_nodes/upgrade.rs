@@ -296,6 +296,44 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         );
     }
 
+    // Consumers the previous release pointed at an export of its naming
+    // are moved to this build's names, and an export left behind goes once
+    // nothing refers to it.
+    for i in 0..CONSUMERS {
+        let name =
+            openflux::names::identity::source_export_name(GROUP, "TestSource", &format!("s{i}"));
+        let (consumer, old) = (format!("k{i}"), before[&format!("k{i}")].0.clone());
+        support::wait_for(
+            &format!("{consumer} pointed at {name}"),
+            ROLLOUT,
+            || async {
+                let (reference, artifact) = consumer_and_export(&env, &n, &consumer).await;
+                (reference["name"] == name.as_str() && artifact.is_some()).then_some(())
+            },
+        )
+        .await;
+        if old["name"] != name.as_str() {
+            let (kind, old_name) = (
+                old["kind"].as_str().unwrap_or_default(),
+                old["name"].as_str().unwrap_or_default(),
+            );
+            support::wait_for(&format!("{kind} {old_name} deleted"), ROLLOUT, || async {
+                env.find(
+                    old["apiVersion"]
+                        .as_str()
+                        .unwrap_or("source.toolkit.fluxcd.io/v1"),
+                    kind,
+                    &n,
+                    old_name,
+                )
+                .await
+                .is_none()
+                .then_some(())
+            })
+            .await;
+        }
+    }
+
     // This build's controllers carry on: a new revision reaches its consumer.
     let spec = support::openflux::publish(
         env.fixtures(),
