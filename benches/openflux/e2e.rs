@@ -67,7 +67,9 @@ pub async fn run(
 }
 
 /// The shadow openflux exports the bench's TestSource `web` as.
-const EXPORT: &str = "web.testsource.bench.openflux.dev";
+fn export_name() -> String {
+    openflux::names::identity::source_export_name("bench.openflux.dev", "TestSource", "web")
+}
 
 async fn measure(
     env: &Env,
@@ -167,7 +169,7 @@ async fn measure(
         "apiVersion": KUSTOMIZE, "kind": "Kustomization",
         "metadata": {"name": "custom", "namespace": ns},
         "spec": {"interval": "10m", "prune": true, "path": "./", "targetNamespace": ns,
-                 "sourceRef": {"kind": "OCIRepository", "name": EXPORT}},
+                 "sourceRef": {"kind": "OCIRepository", "name": export_name()}},
     }))
     .await?;
     git_ready.wait(SAMPLE_TIMEOUT).await?;
@@ -188,7 +190,7 @@ async fn measure(
                 let spec = publish_value(fx, ns, &format!("custom-{k}"));
                 let rev = spec["digest"].as_str().unwrap_or_default().to_string();
                 let applied = kustomizations.expect("custom", &rev);
-                let exported = exports.expect(EXPORT, &rev);
+                let exported = exports.expect(&export_name(), &rev);
                 let t0 = Instant::now();
                 write_artifact(spec).await?;
                 let t_exported = exported.wait(SAMPLE_TIMEOUT).await?;

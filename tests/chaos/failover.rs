@@ -126,12 +126,15 @@ pub async fn exported(
     for api in apis {
         let list = api.list(&ListParams::default()).await?;
         seen.extend(list.items.iter().filter_map(|export| {
+            // The Artifact it is exported from: its owner.
             let name = export
                 .metadata
+                .owner_references
+                .as_ref()?
+                .iter()
+                .find(|o| o.kind == "Artifact")?
                 .name
-                .clone()?
-                .strip_suffix(".artifact.openflux.dev")?
-                .to_string();
+                .clone();
             // The Artifact's own revision: a shadow keeps it in its
             // origin metadata when its revision had to be the digest.
             let artifact = export.data.pointer("/status/artifact")?;

@@ -1667,7 +1667,7 @@ async fn an_alert_reaches_a_receiver_through_notification_controller() {
             &Patch::Merge(&json!({"status": {"exportedRef": {
                 "apiVersion": "source.toolkit.fluxcd.io/v1",
                 "kind": "ExternalArtifact",
-                "name": "app.httpsource.sources.openflux.dev",
+                "name": "app-httpsource--62b7e5876f24",
                 "namespace": ns,
             }}})),
         )
@@ -1703,7 +1703,7 @@ async fn an_alert_reaches_a_receiver_through_notification_controller() {
     .await;
     assert_eq!(
         delivered["involvedObject"]["name"],
-        "app.httpsource.sources.openflux.dev"
+        "app-httpsource--62b7e5876f24"
     );
     assert_eq!(delivered["involvedObject"]["namespace"], ns.as_str());
     assert_eq!(delivered["severity"], "info");
