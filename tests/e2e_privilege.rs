@@ -62,6 +62,18 @@ fn export_named(prefix: &str) -> String {
     )
 }
 
+/// `openflux.dev/source-ref` as the mutating webhook records HttpSource
+/// `name` written in a consumer of `kind` (an ArtifactGenerator's by the
+/// alias the cases re-point, `one`).
+fn recorded_source(kind: &str, name: &str) -> String {
+    let source =
+        json!({"apiVersion": "sources.openflux.dev/v1alpha1", "kind": "HttpSource", "name": name});
+    match kind {
+        "ArtifactGenerator" => json!({"one": {"kind": "HttpSource", "name": name}}).to_string(),
+        _ => source.to_string(),
+    }
+}
+
 fn cases() -> Vec<Case> {
     vec![
         Case {
@@ -289,12 +301,67 @@ async fn openflux_changes_only_the_source_reference_of_a_consumer() {
         assert_eq!(after.data["spec"], created.data["spec"], "{}", case.kind);
         assert_eq!(after.metadata.labels, created.metadata.labels);
 
-        // What openflux does write: the reference, to an export, and its
-        // annotation saying where the consumer pointed before.
+        // A consumer whose author never named a custom source (no
+        // openflux.dev/source-ref, as Flux's own flux-system Kustomization)
+        // is pointed at no export, not even one shaped right.
+        let moved_to = |export: &str| {
+            let mut moved = (case.repoint)(export);
+            moved["metadata"] = json!({"annotations": {"openflux.dev/moved-from": "[]"}});
+            moved
+        };
         let export = (case.export)(&name);
-        let mut moved = (case.repoint)(&export);
-        moved["metadata"] = json!({"annotations": {"openflux.dev/moved-from": "[]"}});
-        api.patch(&name, &pp, &merge(&moved))
+        let message = refusal(
+            "re-pointing a consumer that names no custom source",
+            policy,
+            api.patch(&name, &pp, &merge(&moved_to(&export))).await,
+        );
+        assert!(
+            message.contains("not the export of the source recorded in openflux.dev/source-ref"),
+            "{message}"
+        );
+        // Its author names a custom source: the mutating webhook records
+        // it, under the author's identity.
+        let recorded = recorded_source(case.kind, &format!("{name}-web"));
+        let annotate =
+            |value: &str| json!({"metadata": {"annotations": {"openflux.dev/source-ref": value}}});
+        support::merge_patch(
+            &env.client,
+            case.api_version,
+            case.kind,
+            &n,
+            &name,
+            &annotate(&recorded),
+        )
+        .await
+        .expect("the author's record of the custom source");
+        // openflux may neither point it at another source's export nor
+        // change the record.
+        let message = refusal(
+            "re-pointing at another source's export",
+            policy,
+            api.patch(&name, &pp, &merge(&moved_to(&(case.export)("other"))))
+                .await,
+        );
+        assert!(
+            message.contains("not the export of the source recorded"),
+            "{message}"
+        );
+        let message = refusal(
+            "rewriting the record",
+            policy,
+            api.patch(
+                &name,
+                &pp,
+                &merge(&annotate(&recorded_source(case.kind, "other-web"))),
+            )
+            .await,
+        );
+        assert!(message.contains("annotations other than"), "{message}");
+
+        // What openflux does write: the reference, to the recorded
+        // source's export, and its annotation saying where the consumer
+        // pointed before.
+        api.patch(&name, &pp, &merge(&moved_to(&export)))
             .await
             .unwrap_or_else(|e| panic!("re-pointing {} {name} as openflux: {e}", case.kind));
         let after = env
