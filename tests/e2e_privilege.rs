@@ -346,6 +346,25 @@ async fn openflux_changes_only_the_source_reference_of_a_consumer() {
             message.contains("not the export of the source recorded"),
             "{message}"
         );
+        // (A Stack's reference has no namespace field.)
+        if case.kind != "Stack" {
+            let mut elsewhere = moved_to(&export);
+            let reference = case.pointer.rsplit_once('/').map_or("", |(r, _)| r);
+            elsewhere
+                .pointer_mut(reference)
+                .and_then(Value::as_object_mut)
+                .expect("the reference in the patch")
+                .insert("namespace".into(), json!("flux-system"));
+            let message = refusal(
+                "re-pointing at the export's name in another namespace",
+                policy,
+                api.patch(&name, &pp, &merge(&elsewhere)).await,
+            );
+            assert!(
+                message.contains("not the export of the source recorded"),
+                "{message}"
+            );
+        }
         let message = refusal(
             "rewriting the record",
             policy,

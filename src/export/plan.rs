@@ -702,12 +702,15 @@ mod tests {
         let mut foreign = ours.clone();
         foreign.metadata.labels = None;
         foreign.metadata.owner_references = None;
-        assert!(conflict(&foreign, "a-uid")
-            .unwrap()
-            .contains("not managed by openflux"));
+        let message = conflict(&foreign, "a-uid").unwrap();
+        assert!(message.contains("not managed by openflux"), "{message}");
+        assert!(message.contains("delete or rename it"), "{message}");
         let other = ours.clone();
-        assert!(conflict(&other, "other-uid")
-            .unwrap()
-            .contains("already exported"));
+        let message = conflict(&other, "other-uid").unwrap();
+        assert!(message.contains("already exported"), "{message}");
+        assert!(
+            message.contains("rename this Artifact or its source"),
+            "{message}"
+        );
     }
 }

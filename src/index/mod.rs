@@ -595,6 +595,10 @@ mod tests {
                 .artifacts,
             vec!["a1", "a2"]
         );
+        // The labelled default gone, the first (here: by name) takes the
+        // source's export back.
+        let a1 = idx.artifact("ns", "a1").unwrap().clone();
+        assert_eq!(idx.export_name(&a1), web);
     }
 
     /// An Artifact the trust check refused, labelled default (or older),

@@ -230,6 +230,20 @@ mod tests {
         assert_eq!(cut.len(), MAX_NAME);
         assert!(is_export_name(None, "HttpSource", &long, &cut));
         assert!(is_export_name(g, "HttpSource", &long, &cut));
+        // Names cut by the earlier rules count too (re-pointing finds them).
+        let gizmo = "g".repeat(241);
+        let value = format!("{gizmo}.gizmo.e2e.example");
+        let e2e = Some("e2e.example");
+        for earlier in [
+            legacy_bounded_export_name(&value),
+            legacy_dotted_export_name(&value),
+        ] {
+            assert!(is_export_name(e2e, "Gizmo", &gizmo, &earlier), "{earlier}");
+            assert!(
+                !is_export_name(e2e, "Gizmo", "other", &earlier),
+                "{earlier}"
+            );
+        }
     }
 
     #[test]

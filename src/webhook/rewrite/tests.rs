@@ -422,6 +422,11 @@ fn ambiguous_kind_is_denied_with_the_candidates() {
         message.contains("HttpSource.other.example.com, HttpSource.sources.openflux.dev"),
         "{message}"
     );
+    // API groups only: no Artifact of either source is named.
+    assert!(
+        !message.contains("dup-a") && !message.contains("dup-b"),
+        "{message}"
+    );
     assert!(message.contains("set apiVersion"), "{message}");
     // With apiVersion it resolves.
     let review = kustomization(json!({"apiVersion": OTHER, "kind": "HttpSource", "name": "dup"}));
