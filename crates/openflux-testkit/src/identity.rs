@@ -169,6 +169,33 @@ mod tests {
             .any(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == ns));
     }
 
+    /// openflux's rights on webhook configurations are limited to those
+    /// named `openflux`, save `create` (which Kubernetes cannot limit by
+    /// name), and it may delete none.
+    #[test]
+    fn the_shipped_rbac_limits_webhook_configurations_to_openflux() {
+        let mut rules = 0;
+        for doc in shipped_rbac() {
+            for rule in doc["rules"].as_array().into_iter().flatten() {
+                if rule["apiGroups"] != json!(["admissionregistration.k8s.io"]) {
+                    continue;
+                }
+                rules += 1;
+                let verbs = rule["verbs"].as_array().unwrap();
+                assert!(
+                    !verbs.contains(&json!("delete")) && !verbs.contains(&json!("*")),
+                    "{rule}"
+                );
+                if verbs == &[json!("create")] {
+                    assert!(rule.get("resourceNames").is_none(), "{rule}");
+                } else {
+                    assert_eq!(rule["resourceNames"], json!(["openflux"]), "{rule}");
+                }
+            }
+        }
+        assert!(rules >= 2, "no rule on webhook configurations found");
+    }
+
     /// Every admission policy shipped in webhook-config/ is installed on
     /// the local control planes (so every end-to-end test runs under it)
     /// and is part of what `kubectl apply -k manifests/` applies.
