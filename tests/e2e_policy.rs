@@ -282,12 +282,12 @@ async fn granted(env: &Env, ns: &str, sa_ns: &str, sa: &str) -> kube::Client {
     acting_as(env, sa_ns, sa)
 }
 
-/// Who else may touch an export: a controller of kube-system may delete it
-/// or change its metadata (the garbage collector), never its spec, labels
-/// or status; source-controller may change what it writes on a suspended
-/// shadow (its finalizer, conditions) but not the artifact consumers read,
-/// and only the source-controller of the Flux namespace: one of that name
-/// elsewhere is nobody.
+/// Who else may touch an export: the garbage collector may delete it or
+/// change its other metadata (finalizers), never its spec, labels,
+/// annotations or status; source-controller may change what it writes on
+/// a suspended shadow (its finalizer, conditions) but not its spec or the
+/// artifact consumers read, and only the source-controller of the Flux
+/// namespace: one of that name elsewhere is nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_flux_namespaces_source_controller_and_the_garbage_collector_touch_exports() {
     let env = cluster().await;
@@ -300,8 +300,9 @@ async fn only_the_flux_namespaces_source_controller_and_the_garbage_collector_to
     let kind = "OCIRepository";
     let pp = PatchParams::default();
     let forged = json!({"status": {"artifact": {"url": "http://127.0.0.1:1/forged.tar.gz"}}});
-    // A controller of kube-system (RBAC allows it here).
-    let system = granted(&env, &n, "kube-system", "e2e-controller").await;
+    // The garbage collector's identity (RBAC allows it here): metadata it
+    // keeps (finalizers) yes; the status, spec, labels and annotations no.
+    let system = granted(&env, &n, "kube-system", "generic-garbage-collector").await;
     let (api, _) = support::dynamic_api(&system, SOURCE, kind, Some(&n))
         .await
         .expect("discovery");
@@ -314,15 +315,28 @@ async fn only_the_flux_namespaces_source_controller_and_the_garbage_collector_to
         api.patch_status(&name, &pp, &Patch::Merge(forged.clone()))
             .await,
     );
-    assert_refused(
-        "a kube-system controller changing the export's annotations",
+    for (what, change) in [
+        (
+            "annotations",
+            json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        ("labels", json!({"metadata": {"labels": {"x": "y"}}})),
+        ("spec", json!({"spec": {"suspend": false}})),
+    ] {
+        assert_refused(
+            &format!("the garbage collector changing the export's {what}"),
+            api.patch(&name, &pp, &Patch::Merge(change)).await,
+        );
+    }
+    for finalizers in [json!(["example.com/held"]), Value::Null] {
         api.patch(
             &name,
             &pp,
-            &Patch::Merge(json!({"metadata": {"annotations": {"x": "y"}}})),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
         )
-        .await,
-    );
+        .await
+        .expect("the garbage collector changing the export's finalizers");
+    }
     // A ServiceAccount named source-controller outside the Flux namespace.
     let impostor = granted(&env, &n, &n, "source-controller").await;
     let (api, _) = support::dynamic_api(&impostor, SOURCE, kind, Some(&n))
@@ -351,6 +365,15 @@ async fn only_the_flux_namespaces_source_controller_and_the_garbage_collector_to
     let (api, _) = support::dynamic_api(&flux, SOURCE, kind, Some(&n))
         .await
         .expect("discovery");
+    assert_refused(
+        "source-controller resuming the shadow",
+        api.patch(
+            &name,
+            &pp,
+            &Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await,
+    );
     assert_refused(
         "source-controller writing the shadow's status.artifact",
         api.patch_status(&name, &pp, &Patch::Merge(forged.clone()))
