@@ -72,13 +72,12 @@ pub fn read(
         // Perhaps cut to the limit (then it ends in a hash and cannot be
         // split): the sources openflux knows in the namespace whose export
         // has this name.
-        kinds.extend(
-            index
-                .sources()
-                .filter(|s| &*s.namespace == namespace)
-                .filter(|s| identity::dotted_source_export_name(&s.group, &s.kind, &s.name) == name)
-                .map(|s| SourceKind::new(&*s.group, &*s.kind)),
-        );
+        kinds.extend(known_sources(
+            index,
+            namespace,
+            name,
+            identity::dotted_source_export_name,
+        ));
     }
     let cuts = cuts(name);
     for (source, lower, group) in &cuts {
@@ -124,17 +123,31 @@ fn read_export_name(
         }
     }
     if kinds.is_empty() {
-        kinds.extend(
-            index
-                .sources()
-                .filter(|s| &*s.namespace == namespace)
-                .filter(|s| identity::source_export_name(&s.group, &s.kind, &s.name) == name)
-                .map(|s| SourceKind::new(&*s.group, &*s.kind)),
-        );
+        kinds.extend(known_sources(
+            index,
+            namespace,
+            name,
+            identity::source_export_name,
+        ));
     }
     kinds.sort();
     kinds.dedup();
     kinds
+}
+
+/// The kinds of the sources openflux knows in `namespace` whose export,
+/// named by `naming` (group, kind, name), is `name`.
+fn known_sources<'a>(
+    index: &'a OwnerIndex,
+    namespace: &'a str,
+    name: &'a str,
+    naming: fn(&str, &str, &str) -> String,
+) -> impl Iterator<Item = SourceKind> + 'a {
+    index
+        .sources()
+        .filter(move |s| &*s.namespace == namespace)
+        .filter(move |s| naming(&s.group, &s.kind, &s.name) == name)
+        .map(|s| SourceKind::new(&*s.group, &*s.kind))
 }
 
 /// The source kind the export of one Artifact named `export` stands for:
