@@ -16,6 +16,7 @@ pub mod looks;
 pub mod mirror;
 pub mod names;
 pub mod policy;
+pub mod rewrite;
 pub mod runtime;
 pub mod shard;
 pub mod telemetry;

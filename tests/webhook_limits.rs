@@ -250,7 +250,7 @@ async fn generated_reviews_over_https_are_each_answered() {
 fn chaos_short_pass_through_the_decision_path() {
     let index = synced_index();
     let facts = all_external_artifact();
-    let view = openflux::webhook::rewrite::View {
+    let view = openflux::rewrite::View {
         index: &index,
         facts: &facts,
         policies: &openflux::policy::NONE,

@@ -35,7 +35,7 @@ pub async fn reviews(options: &Options) -> anyhow::Result<Vec<Row>> {
         openflux::cluster::target::Target::ExternalArtifact,
         &[],
     );
-    let view = openflux::webhook::rewrite::View {
+    let view = openflux::rewrite::View {
         index: &index,
         facts: &facts,
         policies: &openflux::policy::NONE,

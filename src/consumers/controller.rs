@@ -22,12 +22,12 @@ use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::context::{Context, Error};
 use crate::locks;
 use crate::looks::{self, Looks};
+use crate::rewrite::View;
 use crate::telemetry::Readiness;
 use crate::vocabulary::consumers::{Consumer, CONSUMERS};
 use crate::watch::change::Change;
 use crate::watch::run::Watch;
 use crate::watch::{keep_all, Scope};
-use crate::webhook::rewrite::View;
 use crate::webhook::Options;
 
 /// A consumer openflux should look at again.
@@ -170,6 +170,12 @@ impl Consumers {
             return Ok(());
         }
         let value = serde_json::to_value(&*object).map_err(kube::Error::SerdeError)?;
+        // Decided with no SourcePolicy and the default options on purpose:
+        // a re-point keeps a reference its author already had admitted,
+        // pointed where openflux exports it now. Whether it may still point
+        // there is judged on the patch itself, by the validating webhook
+        // (with the replica's policies and options) and the admission
+        // policies, as for any other write.
         let decided = {
             let index = locks::read(&ctx.index);
             let facts = locks::read(&ctx.facts);

@@ -8,7 +8,7 @@
 //! its kind is one of Flux's source kinds and its `apiVersion` is absent,
 //! empty, or of Flux's source API group. The table of cases in
 //! `tests/fixtures/source-references.json` holds both to it: the decision in
-//! `webhook::rewrite` unit tests, the expressions on a real API server in
+//! `webhook::mutate` unit tests, the expressions on a real API server in
 //! `e2e_policy`.
 
 use crate::api::{StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
@@ -448,7 +448,7 @@ mod tests {
             let rule = &artifacts.rules.as_ref().unwrap()[0];
             for group in rule.api_groups.iter().flatten() {
                 assert!(
-                    crate::webhook::rewrite::writer::is_artifact_resource(group, "artifacts"),
+                    crate::webhook::writer::is_artifact_resource(group, "artifacts"),
                     "{file}: {group}"
                 );
             }

@@ -5,10 +5,11 @@
 
 use axum::http::StatusCode;
 
-use super::decision::{Decision, Options};
+use super::mutate::decide;
 use super::review::{self, AdmissionRequest, ReviewError};
-use super::rewrite::{decide, writer, View};
 use super::validate;
+use super::writer;
+use crate::rewrite::{Decision, Options, View};
 use crate::vocabulary::consumers;
 
 /// What the webhook answers a body with, and what to count and log.

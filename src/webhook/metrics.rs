@@ -1,8 +1,8 @@
 //! Admission metrics, and the log line of each request.
 
 use super::answer::Answer;
-use super::decision::Decision;
 use super::limits::LogBudget;
+use crate::rewrite::Decision;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

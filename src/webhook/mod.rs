@@ -2,7 +2,7 @@
 //!
 //! Flux consumers (Kustomization, HelmRelease, ArtifactGenerator) whose
 //! source reference names a custom source are rewritten to the object
-//! openflux exports for it; see [`rewrite`] for the decision and
+//! openflux exports for it; see [`crate::rewrite`] for the decision and
 //! [`consumers`] for the table of consumers. The webhook answers from the
 //! in-memory owner index only: no API call on the request path.
 //!
@@ -15,17 +15,17 @@
 pub mod answer;
 pub mod cabundle;
 pub mod configuration;
-pub mod decision;
 pub mod drain;
 pub mod large;
 pub mod limits;
 pub mod metrics;
+pub mod mutate;
 pub mod publish;
 mod refused;
 pub mod review;
-pub mod rewrite;
 pub mod server;
 pub mod validate;
+pub mod writer;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -45,9 +45,9 @@ use openflux_api::runtime::EventRecorder;
 
 pub use server::Knowledge;
 
-pub use decision::{Decision, Options};
+pub use crate::rewrite::{Decision, Options};
 pub use metrics::{register, WebhookMetrics};
-pub use rewrite::decide;
+pub use mutate::decide;
 
 /// Flags of the webhook, part of `openflux run`.
 #[derive(clap::Args, Debug, Clone, PartialEq)]

@@ -311,7 +311,7 @@ impl<'de> Deserialize<'de> for RequestUid {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::decision::Decision;
+    use crate::rewrite::Decision;
     use serde_json::json;
 
     const REVIEW: &str = r#"{
@@ -442,7 +442,7 @@ mod tests {
             crate::cluster::target::Target::ExternalArtifact,
             &[],
         );
-        let view = super::super::rewrite::View {
+        let view = crate::rewrite::View {
             index: &index,
             facts: &facts,
             policies: &crate::policy::NONE,

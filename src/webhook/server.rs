@@ -1,4 +1,4 @@
-//! The HTTPS shell around [`decide`](super::rewrite::decide): an axum router
+//! The HTTPS shell around [`decide`](super::mutate::decide): an axum router
 //! for `POST /mutate` served over rustls, HTTP/1.1 and HTTP/2.
 
 use std::future::Future;
@@ -21,19 +21,18 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 pub use super::answer::{answer, answer_parsed, answer_validation, Answer};
-use super::decision::{Decision, Options};
 use super::large::LargeParser;
 use super::limits::{content_length, Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
 pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use super::metrics::WebhookMetrics;
 use super::refused::Refused;
 use super::review::{self, AdmissionRequest, ReviewError};
-use super::rewrite::View;
 use crate::cluster::facts::Facts;
 use crate::cluster::survey::Fresh;
 use crate::index::OwnerIndex;
 use crate::locks;
 use crate::policy::Policies;
+use crate::rewrite::{Decision, Options, View};
 
 const JSON: header::HeaderValue = header::HeaderValue::from_static("application/json");
 

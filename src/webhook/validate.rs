@@ -15,11 +15,10 @@
 use json_patch::Patch;
 use serde_json::Value;
 
-use super::decision::{Decision, Options};
 use super::review::{AdmissionRequest, Operation};
-use super::rewrite::refs::{locate, SourceRef};
-use super::rewrite::View;
 use crate::policy::{self, candidates, candidates::Reading};
+use crate::rewrite::refs::{locate, SourceRef};
+use crate::rewrite::{Decision, Options, View};
 use crate::vocabulary::consumers::{self, Consumer};
 
 /// The validating webhook's decision on one request: admitted

@@ -22,6 +22,7 @@ const FLOORS: &[&[&str]] = &[
     &["mirror", "looks"],
     &["index", "adopt"],
     &["export", "policy"],
+    &["rewrite"],
     &["webhook"],
     &["consumers"],
     &["runtime"],

@@ -5,7 +5,7 @@
 
 use base64::Engine as _;
 
-use crate::webhook::decision::Decision;
+use crate::rewrite::Decision;
 
 /// `apiVersion` of the AdmissionReview openflux speaks.
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";

@@ -1,11 +1,14 @@
 //! Tests of [`decide`] on recorded AdmissionReviews (tests/fixtures/admission)
 //! and variations of them.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::api::{Artifact, ArtifactSpec, SOURCE_REF_ANNOTATION};
+use crate::api::SOURCE_REF_ANNOTATION;
+use crate::cluster::facts::Facts;
+use crate::index::OwnerIndex;
+use crate::names::identity;
+use crate::rewrite::testing::{artifact, facts_with, index_of};
 use crate::webhook::review;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";
@@ -35,32 +38,8 @@ fn request(review: &Value) -> AdmissionRequest {
     review::parse(&serde_json::to_vec(review).unwrap()).unwrap()
 }
 
-fn artifact(ns: &str, name: &str, owner: Option<(&str, &str, &str)>) -> Artifact {
-    let mut a = Artifact::new(
-        name,
-        ArtifactSpec {
-            url: "http://storage/a.tar.gz".into(),
-            revision: "r1".into(),
-            ..Default::default()
-        },
-    );
-    a.metadata.namespace = Some(ns.into());
-    a.metadata.owner_references = owner.map(|(api_version, kind, oname)| {
-        vec![OwnerReference {
-            api_version: api_version.into(),
-            kind: kind.into(),
-            name: oname.into(),
-            uid: format!("uid-{kind}-{ns}-{oname}-{api_version}"),
-            controller: Some(true),
-            block_owner_deletion: None,
-        }]
-    });
-    a
-}
-
 /// The cluster every test runs against.
 fn index() -> OwnerIndex {
-    let mut idx = OwnerIndex::new();
     let artifacts = [
         artifact("apps", "web-latest", Some((HTTP, "HttpSource", "web"))),
         artifact("apps", "chart-latest", Some((HTTP, "HttpSource", "chart"))),
@@ -85,46 +64,11 @@ fn index() -> OwnerIndex {
             Some((HTTP, "HttpSource", "shared")),
         ),
     ];
-    idx.reset(
-        artifacts
-            .iter()
-            .filter_map(crate::index::IndexedArtifact::from_artifact),
-    );
-    idx
+    index_of(&artifacts)
 }
 
 fn opts() -> Options {
     Options::default()
-}
-
-/// A cluster whose consumers all take ExternalArtifact, serving HttpSource
-/// in two API groups and Widget in one.
-fn facts_with(target: crate::cluster::target::Target) -> Facts {
-    let mut facts = Facts {
-        synced: true,
-        ..Facts::default()
-    };
-    for consumer in crate::vocabulary::consumers::CONSUMERS.iter() {
-        let choice = crate::cluster::target::Choice {
-            target,
-            reason: "test".into(),
-        };
-        facts.choices.insert(consumer.kind, Ok(choice));
-    }
-    for (kind, group) in [
-        ("HttpSource", "sources.openflux.dev"),
-        ("HttpSource", "other.example.com"),
-        ("Widget", "widgets.example.com"),
-        ("Artifact", "openflux.dev"),
-        ("Artifact", "other.example.com"),
-    ] {
-        facts
-            .kinds
-            .entry(kind.to_string())
-            .or_default()
-            .insert(group.to_string());
-    }
-    facts
 }
 
 fn facts() -> Facts {

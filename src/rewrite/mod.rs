@@ -1,11 +1,15 @@
-//! The webhook's decision: what to do with one admission request.
+//! The rewrite decision: where a consumer's references to custom sources
+//! should point.
 //!
-//! [`decide`] is a pure function of the request, the owner index and the
-//! options. A reference to a stock Flux source is never changed. A reference
-//! to any other kind is resolved through the owner index and replaced by a
-//! reference to the object openflux exports for it; the reference as the
-//! person wrote it is kept in the
-//! [`SOURCE_REF_ANNOTATION`](crate::api::SOURCE_REF_ANNOTATION) annotation:
+//! [`decide`] is a pure function of one consumer object, the owner index
+//! and the options; it knows nothing of admission requests. The mutating
+//! webhook ([`crate::webhook::mutate`]) and the consumer re-pointer
+//! ([`crate::consumers::repoint`]) are thin adapters over it. A reference
+//! to a stock Flux source is never changed. A reference to any other kind
+//! is resolved through the owner index and replaced by a reference to the
+//! object openflux exports for it; the reference as the person wrote it is
+//! kept in the [`SOURCE_REF_ANNOTATION`](crate::api::SOURCE_REF_ANNOTATION)
+//! annotation:
 //!
 //! - for a consumer with one reference (Kustomization `spec.sourceRef`,
 //!   HelmRelease `spec.chartRef`), the annotation holds that reference as
@@ -26,24 +30,23 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation, ReplaceOperation};
 use serde_json::Value;
 
-use super::decision::{Decision, Options};
-use super::review::{AdmissionRequest, Operation};
 use crate::api::{self, FLUX_SOURCE_GROUP};
 use crate::cluster::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::names::identity;
 use crate::policy::Policies;
-use crate::vocabulary::consumers::{self, is_stock_ref, Consumer, RefField, RefShape};
+use crate::vocabulary::consumers::{is_stock_ref, Consumer, RefField, RefShape};
 
+pub mod decision;
 mod destination;
 pub mod refs;
-pub mod writer;
 
+pub use decision::{Decision, Options};
 use destination::Resolver;
 pub use refs::SourceRef;
 use refs::{annotation_of, annotation_op, compact, locate, Located, Subject};
 
-/// What a decision reads besides the request: the owner index and the
+/// What a decision reads besides the object: the owner index and the
 /// export targets, both kept up to date by the watches.
 #[derive(Clone, Copy)]
 pub struct View<'a> {
@@ -54,16 +57,46 @@ pub struct View<'a> {
     pub policies: &'a Policies,
 }
 
-/// Decides one admission request. Never panics and makes no I/O.
-pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
-    if let Some(decision) = writer::stamp(request) {
-        return decision;
+/// The consumer object a decision is about.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    pub consumer: &'static Consumer,
+    /// The object as it would be stored.
+    pub object: &'a Value,
+    /// The object as stored before, when this replaces it (an update).
+    pub stored: Option<&'a Value>,
+    /// The consumer's namespace (a reference without one is to a source
+    /// there); empty is refused.
+    pub namespace: &'a str,
+    /// The consumer's name, for messages (may be empty on a create with
+    /// `generateName`).
+    pub name: &'a str,
+}
+
+/// Decides where `input`'s references point. Never panics and makes no
+/// I/O. An object being deleted is left as it is.
+pub fn decide(input: Input<'_>, view: View<'_>, options: &Options) -> Decision {
+    if input
+        .object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
+        return Decision::Unchanged;
     }
-    match Decider::new(request, view, options) {
-        Ok(Some(decider)) => decider.run().unwrap_or_else(|stop| stop),
-        Ok(None) => Decision::Unchanged,
-        Err(stop) => stop,
+    if input.namespace.is_empty() {
+        return Decision::bad_request(format!("the {} has no namespace", input.consumer.kind));
     }
+    let display = Subject::new(input.consumer.kind, input.namespace, input.name);
+    if !input.object.get("spec").is_some_and(Value::is_object) {
+        return Decision::bad_request(format!("{display} has no spec"));
+    }
+    let decider = Decider {
+        input,
+        view,
+        options,
+        display,
+    };
+    decider.run().unwrap_or_else(|stop| stop)
 }
 
 /// A reference that gets rewritten.
@@ -78,89 +111,17 @@ struct Rewritten<'a> {
 }
 
 struct Decider<'a> {
-    request: &'a AdmissionRequest,
+    input: Input<'a>,
     view: View<'a>,
     options: &'a Options,
-    consumer: &'static Consumer,
-    object: &'a Value,
-    namespace: &'a str,
     /// `Kind ns/name` of the object, for messages.
     display: Subject<'a>,
 }
 
 impl<'a> Decider<'a> {
-    /// `Ok(None)`: nothing to decide (not a create or update, a subresource,
-    /// an object being deleted).
-    fn new(
-        request: &'a AdmissionRequest,
-        view: View<'a>,
-        options: &'a Options,
-    ) -> Result<Option<Self>, Decision> {
-        if !matches!(request.operation, Operation::Create | Operation::Update) {
-            return Ok(None);
-        }
-        if request
-            .sub_resource
-            .as_deref()
-            .is_some_and(|s| !s.is_empty())
-        {
-            return Ok(None);
-        }
-        let gvr = &request.resource;
-        let consumer = consumers::find(&gvr.group, &gvr.resource).ok_or_else(|| {
-            Decision::bad_request(format!(
-                "openflux does not handle resource {}.{}; check the rules of its webhook configuration",
-                gvr.resource, gvr.group
-            ))
-        })?;
-        let object = request
-            .object
-            .as_ref()
-            .filter(|o| o.is_object())
-            .ok_or_else(|| Decision::bad_request("the admission request carries no object"))?;
-        let metadata = object.get("metadata");
-        if metadata
-            .and_then(|m| m.get("deletionTimestamp"))
-            .is_some_and(|t| !t.is_null())
-        {
-            return Ok(None);
-        }
-        let meta_text = |field: &str| {
-            metadata
-                .and_then(|m| m.get(field))
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        let namespace = request
-            .namespace
-            .as_deref()
-            .filter(|s| !s.is_empty())
-            .or_else(|| meta_text("namespace"))
-            .ok_or_else(|| {
-                Decision::bad_request(format!("the {} has no namespace", consumer.kind))
-            })?;
-        let name = meta_text("name")
-            .or(request.name.as_deref().filter(|s| !s.is_empty()))
-            .or_else(|| meta_text("generateName"))
-            .unwrap_or("");
-        let display = Subject::new(consumer.kind, namespace, name);
-        if !object.get("spec").is_some_and(Value::is_object) {
-            return Err(Decision::bad_request(format!("{display} has no spec")));
-        }
-        Ok(Some(Self {
-            request,
-            view,
-            options,
-            consumer,
-            object,
-            namespace,
-            display,
-        }))
-    }
-
     fn run(&self) -> Result<Decision, Decision> {
-        if let Some(forbidden) = &self.consumer.forbidden {
-            for found in locate(self.object, &forbidden.field, &self.display)? {
+        if let Some(forbidden) = &self.input.consumer.forbidden {
+            for found in locate(self.input.object, &forbidden.field, &self.display)? {
                 let r = self.parse_ref(&found)?;
                 if !forbidden.field.is_stock(r.api_version.as_deref(), &r.kind) {
                     return Err(Decision::Deny {
@@ -172,9 +133,9 @@ impl<'a> Decider<'a> {
                 }
             }
         }
-        let field = &self.consumer.refs;
+        let field = &self.input.consumer.refs;
         let mut rewritten = Vec::new();
-        for found in locate(self.object, field, &self.display)? {
+        for found in locate(self.input.object, field, &self.display)? {
             if let Some(r) = self.resolve(field, &found)? {
                 rewritten.push(r);
             }
@@ -194,7 +155,7 @@ impl<'a> Decider<'a> {
             }
             warnings.extend(r.warning);
         }
-        if let Some(op) = annotation_op(self.object, annotation) {
+        if let Some(op) = annotation_op(self.input.object, annotation) {
             ops.push(op);
         }
         if ops.is_empty() {
@@ -210,7 +171,7 @@ impl<'a> Decider<'a> {
         Resolver {
             index: self.view.index,
             facts: self.view.facts,
-            consumer: self.consumer,
+            consumer: self.input.consumer,
             display: &self.display,
         }
     }
@@ -247,14 +208,14 @@ impl<'a> Decider<'a> {
                 });
             }
         }
-        let source_ns = r.namespace.as_deref().unwrap_or(self.namespace);
-        if self.options.no_cross_namespace_refs && source_ns != self.namespace {
+        let source_ns = r.namespace.as_deref().unwrap_or(self.input.namespace);
+        if self.options.no_cross_namespace_refs && source_ns != self.input.namespace {
             return Err(Decision::Deny {
                 message: format!(
                     "openflux: {} refers to {} {source_ns}/{} in {}, in another namespace, and cross-namespace \
                      references are disabled (--no-cross-namespace-refs); use a source in namespace {} or remove \
                      {}.namespace",
-                    self.display, r.kind, r.name, found.label, self.namespace, found.label
+                    self.display, r.kind, r.name, found.label, self.input.namespace, found.label
                 ),
             });
         }
@@ -310,10 +271,7 @@ impl<'a> Decider<'a> {
     /// object openflux rewrote before, whose stored reference has that same
     /// apiVersion.
     fn is_merge_leftover(&self, field: &RefField, found: &Located<'_>, r: &SourceRef) -> bool {
-        if self.request.operation != Operation::Update {
-            return false;
-        }
-        let Some(old) = self.request.old_object.as_ref() else {
+        let Some(old) = self.input.stored else {
             return false;
         };
         if annotation_of(old).is_none() {
@@ -345,10 +303,10 @@ impl<'a> Decider<'a> {
             RefShape::ListByKey(_) => {
                 let mut map: BTreeMap<String, SourceRef> = BTreeMap::new();
                 // Entries already rewritten earlier keep their original.
-                if let Some(previous) = annotation_of(self.object)
+                if let Some(previous) = annotation_of(self.input.object)
                     .and_then(|a| serde_json::from_str::<BTreeMap<String, SourceRef>>(a).ok())
                 {
-                    for found in locate(self.object, field, &self.display)? {
+                    for found in locate(self.input.object, field, &self.display)? {
                         let Some(key) = &found.key else { continue };
                         let (Ok(now), Some(original)) =
                             (SourceRef::from_value(found.value), previous.get(key))
@@ -380,5 +338,7 @@ pub fn is_export_of(original: &SourceRef, now: &SourceRef) -> bool {
         && identity::is_export_name(original.group(), &original.kind, &original.name, &now.name)
 }
 
+#[cfg(test)]
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 use crate::adopt::plan::OPEN_FLUX_GROUPS;
 use crate::api::GROUP;
 use crate::export::trust::{Writer, EXPORT_INPUTS};
+use crate::rewrite::Decision;
 use crate::vocabulary::marks::WRITER_ANNOTATION;
-use crate::webhook::decision::Decision;
 use crate::webhook::review::{AdmissionRequest, Operation};
 
 /// Whether the API group and resource are an Artifact API openflux reads.

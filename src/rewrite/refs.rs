@@ -9,9 +9,9 @@ use json_patch::{AddOperation, PatchOperation};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::decision::Decision;
 use crate::api::{split_api_version, SOURCE_REF_ANNOTATION};
 use crate::vocabulary::consumers::{RefField, RefShape};
-use crate::webhook::decision::Decision;
 
 /// A source reference as a consumer spells it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

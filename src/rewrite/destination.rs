@@ -2,13 +2,13 @@
 //! source (or for one Artifact), or the stock source an Artifact was
 //! mirrored from. Decided from the owner index alone.
 
+use super::decision::Decision;
 use super::refs::{Located, SourceRef};
 use crate::api;
 use crate::cluster::facts::Facts;
 use crate::index::{LookupError, OwnerIndex};
 use crate::names::identity;
 use crate::vocabulary::consumers::{Consumer, RefField};
-use crate::webhook::decision::Decision;
 
 /// Where a resolved reference points.
 pub(super) struct Target {

@@ -1,6 +1,6 @@
-//! What the webhook answers an admission request with, and the switches
-//! that change the answer. Plain data, shared by the decision
-//! ([`super::rewrite`]) and the wire format ([`super::review`]).
+//! What a decision answers, and the switches that change the answer. Plain
+//! data, shared by the rewrite ([`super`]), the webhook that answers
+//! admission requests with it and the consumer re-pointer.
 
 use json_patch::Patch;
 
