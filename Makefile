@@ -20,9 +20,9 @@ demo:
 demo-down:
 	e2e/demo stop
 
-# The end-to-end tests of the Flux matrix (tests/e2e_matrix.rs)
+# The end-to-end tests of the Flux matrix (tests/e2e/e2e_matrix.rs)
 # start the matrix cells, more control planes with other Flux lines or gates
-# (ports 18xxx and 19xxx; the lockdown cell of tests/e2e_lockdown.rs 21xxx;
+# (ports 18xxx and 19xxx; the lockdown cell of tests/e2e/e2e_lockdown.rs 21xxx;
 # see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
 test: lint cluster-up chart-check

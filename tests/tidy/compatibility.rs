@@ -30,7 +30,8 @@ fn quoted(cell: &str) -> Vec<&str> {
     cell.split('`').skip(1).step_by(2).collect()
 }
 
-/// The files of the integration test binary `name`, if there is one.
+/// The files of the integration test binary `name`, or of the module
+/// `name` of one, if there is one.
 fn binary(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
     for tests in std::iter::once(root.join("tests")).chain(
         std::fs::read_dir(root.join("crates"))
@@ -44,6 +45,13 @@ fn binary(root: &Path, name: &str) -> Option<Vec<PathBuf>> {
         let dir = tests.join(name);
         if dir.join("main.rs").is_file() {
             return Some(rust_files(&dir));
+        }
+        // A module of a test binary (`tests/e2e/e2e_core.rs`).
+        for entry in std::fs::read_dir(&tests).into_iter().flatten().flatten() {
+            let module = entry.path().join(format!("{name}.rs"));
+            if entry.path().join("main.rs").is_file() && module.is_file() {
+                return Some(vec![module]);
+            }
         }
     }
     None

@@ -228,6 +228,7 @@ const HTTP_SOURCE_LAYERS: &[(&str, Layer)] = &[
 /// The modules of the test kit and their layers.
 const TESTKIT_LAYERS: &[(&str, Layer)] = &[
     ("wait", Layer::Api),
+    ("turns", Layer::Api),
     ("references", Layer::Pure),
     ("namespace", Layer::Shell),
     ("objects", Layer::Shell),

@@ -131,6 +131,9 @@ pub async fn cell(which: Cell) -> Env {
     if which == Cell::Main {
         return cluster().await;
     }
+    // The turn before the cell's lock, always in this order: a test waits
+    // for a cell only while its module has the turn.
+    let turn = crate::turns::Turn::take();
     let hold = hold_cells(which).await;
     let name = which.name();
     let vars = tokio::task::spawn_blocking(move || {
@@ -146,7 +149,7 @@ pub async fn cell(which: Cell) -> Env {
         .unwrap_or_else(|| {
             panic!("e2e cell {which}: `e2e/cluster cell {name} env` printed no KUBECONFIG")
         });
-    connect(which, true, Some(kubeconfig), vars, Some(hold)).await
+    connect(which, true, Some(kubeconfig), vars, Some(hold), turn).await
 }
 
 /// Restarts kustomize-controller and helm-controller of `env`'s local

@@ -255,6 +255,22 @@ impl GitRepo {
     }
 }
 
+/// Why a cluster has no fixtures, naming the missing variables.
+pub(crate) fn missing(local: bool, missing: &[&str]) -> String {
+    let names = missing.join(", ");
+    if local {
+        format!("`e2e/cluster env` printed no {names}")
+    } else {
+        format!(
+            "this test needs the loopback fixtures of e2e/cluster, but {names} \
+             {verb} not set. KUBECONFIG is set, so the tests use that cluster as it is: \
+             unset KUBECONFIG to run them on the local control plane, or set these \
+             variables (`e2e/cluster env` prints them for a local control plane)",
+            verb = if missing.len() == 1 { "is" } else { "are" }
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

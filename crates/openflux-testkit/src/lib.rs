@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod references;
 pub mod release;
 pub mod spire;
+pub mod turns;
 mod wait;
 pub mod webhook;
 pub mod writers;
@@ -81,6 +82,8 @@ pub struct Env {
     pub vars: BTreeMap<String, String>,
     /// A cell's lock, held while this `Env` lives (see [`cell`]).
     _hold: Option<std::fs::File>,
+    /// The test's turn among the modules of its binary ([`turns`]).
+    _turn: Option<turns::Turn>,
 }
 
 /// Path of the `e2e/cluster` script of this repository.
@@ -193,9 +196,11 @@ pub fn parse_env(text: &str) -> BTreeMap<String, String> {
 
 /// The cluster for this test: starts the local control plane once per
 /// process (unless `KUBECONFIG` is set) and returns a fresh client for the
-/// calling test's runtime. Panics with a readable message if the cluster
-/// cannot be started or reached.
+/// calling test's runtime, once no test of another module of the binary
+/// runs ([`turns`]). Panics with a readable message if the cluster cannot
+/// be started or reached.
 pub async fn cluster() -> Env {
+    let turn = turns::Turn::take();
     let resolved = RESOLVED
         .get_or_init(|| {
             // `up` may build for a long time: keep it off the async runtime.
@@ -211,6 +216,7 @@ pub async fn cluster() -> Env {
         resolved.kubeconfig.clone(),
         resolved.vars.clone(),
         None,
+        turn,
     )
     .await
 }
@@ -224,6 +230,7 @@ async fn connect(
     kubeconfig: Option<PathBuf>,
     vars: BTreeMap<String, String>,
     hold: Option<std::fs::File>,
+    turn: Option<turns::Turn>,
 ) -> Env {
     let what = cell.name();
     let config = match &kubeconfig {
@@ -248,25 +255,10 @@ async fn connect(
         config,
         kubeconfig,
         local,
-        fixtures: Fixtures::from_vars(&vars).map_err(|missing| missing_fixtures(local, &missing)),
+        fixtures: Fixtures::from_vars(&vars).map_err(|missing| fixtures::missing(local, &missing)),
         vars,
         _hold: hold,
-    }
-}
-
-/// Why a cluster has no fixtures, naming the missing variables.
-fn missing_fixtures(local: bool, missing: &[&str]) -> String {
-    let names = missing.join(", ");
-    if local {
-        format!("`e2e/cluster env` printed no {names}")
-    } else {
-        format!(
-            "this test needs the loopback fixtures of e2e/cluster, but {names} \
-             {verb} not set. KUBECONFIG is set, so the tests use that cluster as it is: \
-             unset KUBECONFIG to run them on the local control plane, or set these \
-             variables (`e2e/cluster env` prints them for a local control plane)",
-            verb = if missing.len() == 1 { "is" } else { "are" }
-        )
+        _turn: turn,
     }
 }
 

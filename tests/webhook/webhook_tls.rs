@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-const REVIEW: &str = include_str!("fixtures/admission/kustomization-create-custom.json");
+const REVIEW: &str = include_str!("../fixtures/admission/kustomization-create-custom.json");
 
 fn index() -> webhook::Knowledge {
     let mut artifact = Artifact::new(

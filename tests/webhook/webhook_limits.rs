@@ -2,7 +2,7 @@
 //! AdmissionReviews through the decision path in process and a sample of
 //! them through the HTTPS server. `make chaos` runs the long pass.
 
-#[path = "chaos/reviews.rs"]
+#[path = "../chaos/reviews.rs"]
 mod reviews;
 
 use std::net::SocketAddr;

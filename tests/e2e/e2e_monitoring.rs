@@ -22,8 +22,8 @@ use support::webhook::openflux_with_webhook;
 use support::writers::{self, Written};
 use support::{cluster, unique_name, wait_for, Env, TIMEOUT};
 
-const ALERTS: &str = include_str!("../manifests/monitoring/alerts.yaml");
-const DASHBOARD: &str = include_str!("../manifests/monitoring/dashboard.json");
+const ALERTS: &str = include_str!("../../manifests/monitoring/alerts.yaml");
+const DASHBOARD: &str = include_str!("../../manifests/monitoring/dashboard.json");
 const TEST_GROUP: &str = "monitoring.e2e.openflux.dev";
 const TEST_SOURCE: &str = "monitoring.e2e.openflux.dev/v1";
 

@@ -26,8 +26,8 @@ use support::{cluster, wait_for, Env, TIMEOUT};
 
 /// The policies under test, applied by each test as shipped (a control
 /// plane started before they existed gets them too).
-const POLICIES: &str = include_str!("../webhook-config/openflux-policy.yaml");
-const SECRET_POLICY: &str = include_str!("../webhook-config/secret-policy.yaml");
+const POLICIES: &str = include_str!("../../webhook-config/openflux-policy.yaml");
+const SECRET_POLICY: &str = include_str!("../../webhook-config/secret-policy.yaml");
 
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";

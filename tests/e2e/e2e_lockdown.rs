@@ -32,10 +32,10 @@ use support::{field, ready_condition, wait_for, Cell, Env, TIMEOUT};
 const HTTP_SOURCE: &str = "sources.openflux.dev/v1alpha1";
 const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 const GIT: &str = "source.toolkit.fluxcd.io/v1";
-const EDIT_ROLES: &str = include_str!("../manifests/roles.yaml");
-const HTTP_SOURCE_ROLES: &str = include_str!("../manifests/http-source/roles.yaml");
-const HTTP_SOURCE_CRD: &str = include_str!("../manifests/http-source/crd.yaml");
-const HTTP_SOURCE_RBAC: &str = include_str!("../manifests/http-source/rbac.yaml");
+const EDIT_ROLES: &str = include_str!("../../manifests/roles.yaml");
+const HTTP_SOURCE_ROLES: &str = include_str!("../../manifests/http-source/roles.yaml");
+const HTTP_SOURCE_CRD: &str = include_str!("../../manifests/http-source/crd.yaml");
+const HTTP_SOURCE_RBAC: &str = include_str!("../../manifests/http-source/rbac.yaml");
 /// The HttpSource controller's ServiceAccount in the shipped RBAC.
 const HTTP_SOURCE_USER: &str = "system:serviceaccount:openflux-system:openflux-http-source";
 

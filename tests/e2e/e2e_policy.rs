@@ -17,7 +17,7 @@
 
 use openflux_testkit as support;
 
-#[path = "common/https.rs"]
+#[path = "../common/https.rs"]
 mod https;
 
 use std::collections::BTreeSet;

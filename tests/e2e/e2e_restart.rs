@@ -1,13 +1,11 @@
 //! End to end: etcd and kube-apiserver killed with SIGKILL and started
 //! again while Artifacts are being updated; openflux recovers without a
 //! restart of its own and loses no update. `make chaos` runs the same with
-//! 1,000 updates. Alone in its file: the other tests of a binary would see
-//! the API server vanish.
+//! 1,000 updates. Alone in its module, which runs beside no other module
+//! (`openflux_testkit::turns`): their tests would see the API server
+//! vanish.
 
-#[path = "chaos/failover.rs"]
-mod failover;
-#[path = "chaos/restart.rs"]
-mod restart;
+use crate::{failover, restart};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_recovers_from_an_api_server_and_etcd_crash() {

@@ -17,7 +17,7 @@ use kube::api::{DynamicObject, PostParams};
 use serde_json::{json, Value};
 use support::{cluster, wait_for, Env, TIMEOUT};
 
-const HTTP_SOURCE_CRD: &str = include_str!("../manifests/http-source/crd.yaml");
+const HTTP_SOURCE_CRD: &str = include_str!("../../manifests/http-source/crd.yaml");
 const HTTP_GROUP: &str = "sources.openflux.dev";
 /// The made-up kind of tenant B: `TestSource` of this group.
 const WIDGET_GROUP: &str = "widgets.source-policy.e2e.test";

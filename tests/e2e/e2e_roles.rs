@@ -17,9 +17,9 @@ use serde_json::json;
 use support::identity::acting_as;
 use support::{cluster, wait_for, Env, TIMEOUT};
 
-const EDIT_ROLES: &str = include_str!("../manifests/roles.yaml");
-const HTTP_SOURCE_ROLES: &str = include_str!("../manifests/http-source/roles.yaml");
-const HTTP_SOURCE_CRD: &str = include_str!("../manifests/http-source/crd.yaml");
+const EDIT_ROLES: &str = include_str!("../../manifests/roles.yaml");
+const HTTP_SOURCE_ROLES: &str = include_str!("../../manifests/http-source/roles.yaml");
+const HTTP_SOURCE_CRD: &str = include_str!("../../manifests/http-source/crd.yaml");
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)

@@ -2,8 +2,7 @@
 //! Artifacts are being updated; nothing is lost and the standby converges
 //! within the bound. `make chaos` runs the same with 1,000 updates.
 
-#[path = "chaos/failover.rs"]
-mod failover;
+use crate::failover;
 
 use std::time::Duration;
 

@@ -648,7 +648,7 @@ async fn a_new_leader_goes_on_from_the_secret_the_old_one_made() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_may_create_no_secret_but_its_certificates() {
     let env = support::cluster().await;
-    env.apply_yaml(include_str!("../webhook-config/secret-policy.yaml"))
+    env.apply_yaml(include_str!("../../webhook-config/secret-policy.yaml"))
         .await
         .expect("the shipped Secret policy");
     let ns = env.namespace("certs-policy").await;
