@@ -480,6 +480,60 @@ async fn a_refused_export_shows_on_the_artifact() {
 /// collector does both under the policy (otherwise the Artifact would stay,
 /// held by its deletion finalizer). On a shadow, source-controller keeps
 /// its finalizer, which only it adds and removes. Both export kinds.
+/// Deleting a namespace takes its exports with it: the namespace
+/// controller's deletes pass the policies, and a shadow's finalizer
+/// (source-controller's) comes off with openflux running, which takes it
+/// off itself, and with openflux stopped, when source-controller takes it
+/// off as for any source. The namespace is gone within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_namespace_takes_its_exports_with_it() {
+    let env = cluster().await;
+    install(&env).await;
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(env.client.clone());
+    for (mode, kind, running) in [
+        ("external-artifact", "ExternalArtifact", true),
+        ("external-artifact", "ExternalArtifact", false),
+        ("shadow", "OCIRepository", true),
+        ("shadow", "OCIRepository", false),
+    ] {
+        let what = format!("a namespace with {kind} exports, openflux running: {running}");
+        let ns = env.namespace("policy-gone").await;
+        let n = ns.name().to_string();
+        let mut openflux = start(&env, &n, mode).await;
+        let (_, export) = exported(&env, &n, "web").await;
+        let name = export.name_any();
+        let (exports, _) = support::dynamic_api(&env.client, SOURCE, kind, Some(&n))
+            .await
+            .expect("discovery");
+        if kind == "OCIRepository" {
+            wait_for(
+                "source-controller's finalizer on the shadow",
+                TIMEOUT,
+                || async {
+                    let now = exports.get(&name).await.ok()?;
+                    now.finalizers()
+                        .iter()
+                        .any(|f| f == SOURCE_FINALIZER)
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+        if !running {
+            openflux.stop();
+        }
+        ns.delete().await;
+        let waited = format!("{what}: the namespace {n} to be gone, its {kind} {name} with it");
+        wait_for(&waited, TIMEOUT, || async {
+            let left = namespaces.get_opt(&n).await.ok()?;
+            left.is_none().then_some(())
+        })
+        .await;
+        println!("{what}: the namespace is gone");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_garbage_collector_deletes_or_orphans_exports_with_their_artifact() {
     let env = cluster().await;
