@@ -22,9 +22,11 @@ mod series;
 pub mod shadow;
 pub mod trust;
 pub mod verify;
+mod wake;
 pub mod write;
 
 use series::{Series, SERIES_SWEEP};
+pub use wake::Waker;
 use write::Export;
 pub use write::{ServedTarget, ServedTargets};
 

@@ -1,12 +1,14 @@
 //! Small jobs of the leader around exported objects: the resource of each
 //! export target, and releasing a deleted shadow from source-controller's
-//! finalizer.
+//! finalizer ([`releasing`] finds the shadow in the targets' watches).
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::reflector::ObjectRef;
 
 use openflux_api::runtime::RetryArgs;
 
+use super::ServedTargets;
 use crate::api::FLUX_SOURCE_GROUP;
 use crate::cluster::target::Target;
 
@@ -66,6 +68,24 @@ pub async fn release(
             }
         }
     }
+}
+
+/// The release of shadow `namespace/name` of `kind` being deleted, when the
+/// watch of its target in `targets` holds it: a task to run.
+pub fn releasing(
+    client: &kube::Client,
+    targets: &ServedTargets,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    retry: RetryArgs,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    let served = targets.values().find(|t| t.resource.kind == kind)?;
+    let key = ObjectRef::new_with(name, served.resource.clone()).within(namespace);
+    let shadow = served.exports.get(&key)?;
+    let finalizers = shadow.metadata.finalizers.clone().unwrap_or_default();
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &served.resource);
+    Some(release(api, name.to_string(), finalizers, retry))
 }
 
 /// The resource of an export target.

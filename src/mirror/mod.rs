@@ -16,6 +16,7 @@ pub mod plan;
 mod runner;
 pub mod source;
 pub mod store;
+mod wake;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,11 +29,12 @@ use openflux_api::runtime::{ControllerId, ControllerMetrics};
 use tokio_util::sync::CancellationToken;
 
 pub use backlog::Backlog;
-pub use plan::{fingerprint, is_mirrored, is_own_export, plan, InvalidSource, Plan};
-use plan::{Echo, Stored, StoredArtifact, StoredOwner};
+pub use plan::{fingerprint, is_mirrored, is_own_export, memo_key, plan, InvalidSource, Plan};
+use plan::{Stored, StoredArtifact, StoredOwner};
 pub use runner::Requeue;
 pub use source::{FluxSource, Source, SourceKind};
 pub use store::Sources;
+pub use wake::Waker;
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
@@ -217,21 +219,6 @@ async fn remove(ctx: &Context, source: &Source, name: &str) -> Result<(), Error>
     }
     ctx.memo.forget(&memo_key(namespace, name));
     Ok(())
-}
-
-/// The write memo's key for the mirrored Artifact `name` in `namespace`.
-fn memo_key(namespace: &str, name: &str) -> String {
-    format!("artifact/{namespace}/{name}")
-}
-
-/// Whether the Artifact `echo` in `namespace`, as a watch saw it change, is
-/// what the mirror last wrote there: the echo of that write, which needs no
-/// reconcile (a change of its source wakes the mirror on its own). The
-/// memo then forgets that write, as the reconcile that finds it up to date
-/// would.
-pub fn is_echo(ctx: &Context, namespace: &str, echo: &Echo) -> bool {
-    ctx.memo
-        .settle(&memo_key(namespace, &echo.artifact), echo.fingerprint)
 }
 
 /// What the owner index knows of the Artifact `name` in `namespace`,

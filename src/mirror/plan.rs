@@ -226,6 +226,11 @@ impl std::io::Write for HashWriter<'_> {
     }
 }
 
+/// The write memo's key for the mirrored Artifact `name` in `namespace`.
+pub fn memo_key(namespace: &str, name: &str) -> String {
+    format!("artifact/{namespace}/{name}")
+}
+
 /// A mirrored Artifact as a watch saw it change: when its fingerprint is
 /// what the mirror last wrote there, the change is the echo of that write.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -14,7 +14,6 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::ObjectRef;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::hub::Hub;
 use super::router::Event;
 use crate::adopt;
-use crate::api::{Artifact, StockSource, STOCK_SOURCES};
+use crate::api::{StockSource, STOCK_SOURCES};
 use crate::cluster::target::Target;
 use crate::consumers::controller::{Consumers, Look, Sinks};
 use crate::consumers::repoint::ObjectKey;
@@ -39,15 +38,9 @@ use crate::watch::{keep_all, without_managed_fields, Scope};
 /// How often the leader looks for source kinds the cluster did not serve yet.
 pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
 
-/// A running mirror: where its sources are, and how to wake it.
-struct Mirrored {
-    sources: Sources,
-    backlog: Arc<Backlog>,
-}
-
 /// The running export controller.
 struct Exporting {
-    wake: UnboundedSender<ObjectRef<Artifact>>,
+    wake: export::Waker,
     /// The export targets it runs with.
     targets: BTreeSet<Target>,
     stop: CancellationToken,
@@ -73,7 +66,8 @@ pub struct Controllers {
     concurrency: u16,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
-    mirrors: HashMap<&'static str, Mirrored>,
+    /// The running mirrors' wake handles, by stock kind.
+    mirrors: HashMap<&'static str, mirror::Waker>,
     export: Option<Exporting>,
     targets: ServedTargets,
     reported_missing: BTreeSet<&'static str>,
@@ -341,7 +335,7 @@ impl Controllers {
             self.shutdown.clone(),
         ));
         self.mirrors
-            .insert(stock.kind, Mirrored { sources, backlog });
+            .insert(stock.kind, mirror::Waker::new(sources, backlog));
     }
 
     /// Watches the objects openflux exported, so the export controller sees
@@ -373,7 +367,7 @@ impl Controllers {
     }
 
     fn start_export(&mut self) {
-        let (wake, triggers) = unbounded();
+        let (wake, triggers) = export::Waker::channel();
         let stop = self.shutdown.child_token();
         let task = AbortOnDropHandle::new(tokio::spawn(export::run(
             self.ctx.clone(),
@@ -390,9 +384,7 @@ impl Controllers {
         };
         // What changed before this start woke nobody: look at every Artifact
         // once. Artifacts the watch has not listed yet come with its list.
-        for artifact in self.ctx.artifacts.state() {
-            let _ = running.wake.unbounded_send(ObjectRef::from(&*artifact));
-        }
+        running.wake.every(&self.ctx.artifacts);
         self.export = Some(running);
     }
 }
