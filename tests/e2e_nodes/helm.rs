@@ -11,7 +11,7 @@ use support::field;
 
 use super::{all_available, installed, ANNOTATION, ROLLOUT};
 
-const HELM: &str = "helm.toolkit.fluxcd.io/v2";
+pub(super) const HELM: &str = "helm.toolkit.fluxcd.io/v2";
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const GROUP: &str = "charts.producer.example";
 

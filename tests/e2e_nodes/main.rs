@@ -17,6 +17,7 @@
 mod failover;
 mod faults;
 mod flux_install;
+mod generated_chart;
 mod helm;
 mod load;
 mod overlay;
@@ -153,7 +154,9 @@ async fn a_custom_source_flows_into_an_unchanged_kustomization_applied_by_flux_p
 /// `flux install --components-extra=source-watcher` turns the
 /// ExternalArtifact gate on: openflux sees it in Flux's Deployments and
 /// exports an ExternalArtifact, which the kustomize-controller Pod applies.
-/// Flux goes back to `flux install`'s shape afterwards.
+/// Custom sources feed ArtifactGenerators whose generated artifacts a
+/// Kustomization and a HelmRelease consume. Flux goes back to `flux
+/// install`'s shape afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_source_watcher_the_custom_source_flows_as_an_external_artifact() {
     let env = installed().await;
@@ -163,6 +166,7 @@ async fn with_source_watcher_the_custom_source_flows_as_an_external_artifact() {
     all_available(&env, "flux-system", &all).await;
     let kind = custom_source_flows(&env, "nodes-watcher").await;
     custom_source_feeds_an_artifact_generator(&env, "nodes-generator").await;
+    generated_chart::custom_sources_feed_a_generated_chart(&env, "nodes-chart").await;
     tokio::task::block_in_place(|| support::nodes::flux_install("default"));
     assert_eq!(
         kind, "ExternalArtifact",
