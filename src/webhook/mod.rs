@@ -15,6 +15,7 @@
 pub mod answer;
 pub mod cabundle;
 pub mod configuration;
+mod consumer;
 pub mod drain;
 pub mod large;
 pub mod limits;

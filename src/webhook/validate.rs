@@ -15,40 +15,32 @@
 use json_patch::Patch;
 use serde_json::Value;
 
-use super::review::{AdmissionRequest, Operation};
+use super::consumer::{self, Webhook};
+use super::review::AdmissionRequest;
 use crate::policy::{self, candidates, candidates::Reading};
 use crate::rewrite::refs::{locate, SourceRef};
-use crate::rewrite::{Decision, Options, View};
-use crate::vocabulary::consumers::{self, Consumer};
+use crate::rewrite::{Decision, Input, Options, View};
 
 /// The validating webhook's decision on one request: admitted
 /// ([`Decision::Unchanged`]) or denied. Never patches, never panics.
 pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
-    if !matches!(request.operation, Operation::Create | Operation::Update)
-        || request
-            .sub_resource
-            .as_deref()
-            .is_some_and(|s| !s.is_empty())
-    {
+    let input = match consumer::read(request, Webhook::Validating) {
+        Ok(Some(input)) => input,
+        Ok(None) => return Decision::Unchanged,
+        Err(stop) => return stop,
+    };
+    let deleting = input
+        .object
+        .get("metadata")
+        .and_then(|m| m.get("deletionTimestamp"))
+        .is_some_and(|t| !t.is_null());
+    if deleting {
         return Decision::Unchanged;
     }
-    let Some(consumer) = consumers::find(&request.resource.group, &request.resource.resource)
-    else {
-        return Decision::bad_request(format!(
-            "openflux does not validate resource {}.{}; check the rules of its validating webhook configuration",
-            request.resource.resource, request.resource.group
-        ));
-    };
-    let Some(object) = request.object.as_ref().filter(|o| o.is_object()) else {
-        return Decision::bad_request("the admission request carries no object");
-    };
-    if metadata_field(object, "deletionTimestamp").is_some_and(|t| !t.is_null()) {
-        return Decision::Unchanged;
+    if input.namespace.is_empty() {
+        return Decision::bad_request(format!("the {} has no namespace", input.consumer.kind));
     }
-    let Some(namespace) = namespace_of(request, object) else {
-        return Decision::bad_request(format!("the {} has no namespace", consumer.kind));
-    };
-    judge(consumer, object, None, namespace, view, options)
+    judge(&input, input.object, None, view, options)
 }
 
 /// The mutating webhook's own rewrite, judged as the validating webhook
@@ -60,59 +52,40 @@ pub fn check_rewrite(
     view: View<'_>,
     options: &Options,
 ) -> Option<Decision> {
-    let consumer = consumers::find(&request.resource.group, &request.resource.resource)?;
-    let object = request.object.as_ref()?;
-    let namespace = namespace_of(request, object)?;
-    let policies = view.policies;
-    if policies.synced && policies.knows(namespace) && !policies.restricts(namespace) {
+    let input = consumer::read(request, Webhook::Mutating).ok()??;
+    if input.namespace.is_empty() {
         return None;
     }
-    let mut rewritten = object.clone();
+    let policies = view.policies;
+    if policies.synced && policies.knows(input.namespace) && !policies.restricts(input.namespace) {
+        return None;
+    }
+    let mut rewritten = input.object.clone();
     if let Err(error) = json_patch::patch(&mut rewritten, &patch.0) {
         return Some(Decision::internal(format!(
             "openflux could not apply its own rewrite to check it: {error}"
         )));
     }
-    match judge(consumer, &rewritten, Some(object), namespace, view, options) {
+    match judge(&input, &rewritten, Some(input.object), view, options) {
         Decision::Unchanged => None,
         other => Some(other),
     }
 }
 
-/// `metadata.<field>` of an object (looked up by keys: a JSON pointer
-/// would allocate each of its tokens).
-fn metadata_field<'v>(object: &'v Value, field: &str) -> Option<&'v Value> {
-    object.get("metadata")?.get(field)
-}
-
-fn namespace_of<'r>(request: &'r AdmissionRequest, object: &'r Value) -> Option<&'r str> {
-    request
-        .namespace
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            metadata_field(object, "namespace")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        })
-}
-
-/// Every reference of `object` that may name an export, judged. `original`
-/// is the object before openflux's rewrite (the cross-namespace rule was
-/// applied then), whose references the messages name.
+/// Every reference of `object` (the request's consumer, or openflux's
+/// rewrite of it) that may name an export, judged. `original` is the object
+/// before openflux's rewrite (the cross-namespace rule was applied then),
+/// whose references the messages name.
 fn judge(
-    consumer: &'static Consumer,
+    input: &Input<'_>,
     object: &Value,
     original: Option<&Value>,
-    namespace: &str,
     view: View<'_>,
     options: &Options,
 ) -> Decision {
-    let name = metadata_field(object, "name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let display = format!("{} {namespace}/{name}", consumer.kind);
-    let field = &consumer.refs;
+    let namespace = input.namespace;
+    let display = format!("{} {namespace}/{}", input.consumer.kind, input.name);
+    let field = &input.consumer.refs;
     let found = match locate(object, field, &display) {
         Ok(found) => found,
         Err(stop) => return stop,

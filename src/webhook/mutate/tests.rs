@@ -9,6 +9,7 @@ use crate::cluster::facts::Facts;
 use crate::index::OwnerIndex;
 use crate::names::identity;
 use crate::rewrite::testing::{artifact, facts_with, index_of};
+use crate::vocabulary::consumers;
 use crate::webhook::review;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";

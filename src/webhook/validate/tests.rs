@@ -397,3 +397,65 @@ fn the_mutating_webhook_denies_its_own_rewrite_by_the_same_rule() {
         Decision::Rewrite { .. }
     ));
 }
+
+#[test]
+fn only_a_consumer_being_created_or_updated_in_a_namespace_is_judged() {
+    let policies = policies();
+    let options = Options::default();
+    let export = &exports()[0];
+    let body = |f: &dyn Fn(&mut Value)| {
+        let mut review: Value = serde_json::from_slice(&ks(
+            "team-a",
+            json!({"kind": "OCIRepository", "name": export.1}),
+        ))
+        .unwrap();
+        f(&mut review["request"]);
+        serde_json::to_vec(&review).unwrap()
+    };
+    let error = |decision: Decision| match decision {
+        Decision::Error { code: 400, message } => message,
+        other => panic!("not a bad request: {other:?}"),
+    };
+
+    let pods = validate(
+        &body(&|r| r["resource"] = json!({"group": "", "version": "v1", "resource": "pods"})),
+        &policies,
+        &options,
+    );
+    assert_eq!(
+        error(pods),
+        "openflux does not validate resource pods.; check the rules of its validating webhook configuration"
+    );
+    let no_namespace = validate(
+        &body(&|r| {
+            r["namespace"] = json!("");
+            r["object"]["metadata"]["namespace"] = Value::Null;
+        }),
+        &policies,
+        &options,
+    );
+    assert_eq!(error(no_namespace), "the Kustomization has no namespace");
+    let no_object = validate(&body(&|r| r["object"] = Value::Null), &policies, &options);
+    assert_eq!(error(no_object), "the admission request carries no object");
+
+    denial(&validate(&body(&|_| {}), &policies, &options));
+    type Change<'c> = &'c dyn Fn(&mut Value);
+    let unjudged: [(&str, Change); 3] = [
+        ("a delete", &|r: &mut Value| {
+            r["operation"] = json!("DELETE")
+        }),
+        ("the status subresource", &|r: &mut Value| {
+            r["subResource"] = json!("status")
+        }),
+        ("an object being deleted", &|r: &mut Value| {
+            r["object"]["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z")
+        }),
+    ];
+    for (what, change) in unjudged {
+        assert_eq!(
+            validate(&body(change), &policies, &options),
+            Decision::Unchanged,
+            "{what} is not judged"
+        );
+    }
+}
