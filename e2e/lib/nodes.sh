@@ -186,15 +186,19 @@ node_alive() {
   esac
 }
 
+# node_running I NAME BINARY: like running, for a node's process.
+node_running() {
+  node_alive "$@" || launching "$(cat "$(node_dir "$1")/pids/$2.pid" 2>/dev/null)"
+}
+
 # node_wait I NAME BINARY WHAT COMMAND...: like wait_until, for a node's process.
 node_wait() {
   local i=$1 name=$2 bin=$3 what=$4 deadline=$(($(date +%s) + TIMEOUT))
   shift 4
   until "$@" >/dev/null 2>&1; do
-    if ! node_alive "$i" "$name" "$bin" &&
-      ! launching "$(cat "$(node_dir "$i")/pids/$name.pid" 2>/dev/null)"; then
+    if gone node_running "$i" "$name" "$bin"; then
       log_tail "$(node_name "$i").$name"
-      fail_up "$name of $(node_name "$i") exited while waiting for $what"
+      fail_up "$name of $(node_name "$i") exited while waiting for $what ($(process_state "$(cat "$(node_dir "$i")/pids/$name.pid" 2>/dev/null)"))"
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
       log_tail "$(node_name "$i").$name"
