@@ -294,3 +294,86 @@ fn env_lines_are_parsed() {
         "{name}"
     );
 }
+
+/// `curl` GET of `url` with `headers`: the status code, the response
+/// headers (lower-case names) and the body.
+fn get(url: &str, headers: &[String]) -> (u16, Vec<(String, String)>, String) {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-D", "-", url]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd.output().expect("running curl");
+    assert!(
+        out.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("an HTTP status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A file rewritten within the second it was fetched is fetched again: the
+/// fixtures' file server gives each file an ETag of its content, so a
+/// conditional GET (as HttpSource and Flux's sources send) is not answered
+/// 304 by a modification time that did not move.
+#[tokio::test]
+async fn a_file_rewritten_within_a_second_is_not_answered_not_modified() {
+    let env = cluster().await;
+    let fx = env.fixtures();
+    let path = format!("harness-etag-{}/app.yaml", std::process::id());
+    let url = fx.put_file(&path, b"one\n").expect("serving the file");
+    let (status, first, body) = get(&url, &[]);
+    assert_eq!((status, body.as_str()), (200, "one\n"));
+    let etag = header(&first, "etag")
+        .expect("an ETag on a served file")
+        .to_string();
+    let last_modified = header(&first, "last-modified")
+        .expect("a Last-Modified on a served file")
+        .to_string();
+
+    // New content, the modification time unchanged (as within one second).
+    let file = fx.http_root.join(&path);
+    let mtime = std::fs::metadata(&file)
+        .and_then(|m| m.modified())
+        .expect("the file's mtime");
+    fx.put_file(&path, b"two\n").expect("serving new content");
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("keeping the file's mtime");
+
+    let conditional = [
+        format!("If-None-Match: {etag}"),
+        format!("If-Modified-Since: {last_modified}"),
+    ];
+    let (status, second, body) = get(&url, &conditional);
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "two\n"),
+        "new content under an unchanged modification time"
+    );
+    let new_etag = header(&second, "etag").expect("an ETag").to_string();
+    assert_ne!(new_etag, etag, "the ETag follows the content");
+    let (status, _, _) = get(&url, &[format!("If-None-Match: {new_etag}")]);
+    assert_eq!(status, 304, "unchanged content is not sent again");
+}
