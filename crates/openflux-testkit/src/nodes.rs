@@ -160,9 +160,10 @@ pub fn node_processes(binary: &str) -> Vec<u32> {
     pids
 }
 
-/// Removes openflux as docs/install.md's "Uninstall" does (steps 2 to 4), and
-/// the Flux objects of an earlier install with Flux, so what follows
-/// installs from nothing.
+/// Removes openflux as docs/install.md's "Uninstall" does (steps 2 to 4:
+/// the webhook configurations, what the clone's manifests applied, then the
+/// validating configuration again), and the Flux objects of an earlier
+/// install with Flux, so what follows installs from nothing.
 pub fn uninstall(env: &Env) {
     for args in [
         &[
@@ -197,6 +198,14 @@ pub fn uninstall(env: &Env) {
             "--ignore-not-found",
             "--wait=true",
             "--timeout=180s",
+        ],
+        // Step 4: openflux keeps its validating configuration and may have
+        // written it again while it was stopping.
+        &[
+            "delete",
+            "validatingwebhookconfiguration",
+            "openflux",
+            "--ignore-not-found",
         ],
     ] {
         let out = env.run_kubectl(args, None);
