@@ -70,6 +70,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("rewrite::destination", Layer::Pure),
     ("rewrite::testing", Layer::Pure),
     ("webhook::mutate", Layer::Pure),
+    ("webhook::consumer", Layer::Pure),
     ("webhook::writer", Layer::Pure),
     ("webhook::validate", Layer::Pure),
     ("webhook::configuration", Layer::Pure),
