@@ -171,12 +171,15 @@ node_start() {
   echo $! >"$dir/pids/$name.pid"
 }
 
+# node_pid I NAME: the PID node_start recorded for node I's NAME.
+node_pid() { cat "$(node_dir "$1")/pids/$2.pid" 2>/dev/null || true; }
+
 # node_alive I NAME BINARY: the process node_start started runs BINARY, or
 # is still on its way there (node_start's setsid and nsenter exec into it
 # under the same pid, which takes a moment on a busy machine).
 node_alive() {
   local pid exe
-  pid=$(cat "$(node_dir "$1")/pids/$2.pid" 2>/dev/null || true)
+  pid=$(node_pid "$1" "$2")
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
   exe=${exe% (deleted)}
@@ -188,7 +191,7 @@ node_alive() {
 
 # node_running I NAME BINARY: like running, for a node's process.
 node_running() {
-  node_alive "$@" || launching "$(cat "$(node_dir "$1")/pids/$2.pid" 2>/dev/null)"
+  node_alive "$@" || launching "$(node_pid "$1" "$2")"
 }
 
 # node_wait I NAME BINARY WHAT COMMAND...: like wait_until, for a node's process.
@@ -198,7 +201,7 @@ node_wait() {
   until "$@" >/dev/null 2>&1; do
     if gone node_running "$i" "$name" "$bin"; then
       log_tail "$(node_name "$i").$name"
-      fail_up "$name of $(node_name "$i") exited while waiting for $what ($(process_state "$(cat "$(node_dir "$i")/pids/$name.pid" 2>/dev/null)"))"
+      fail_up "$name of $(node_name "$i") exited while waiting for $what ($(process_state "$(node_pid "$i" "$name")"))"
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
       log_tail "$(node_name "$i").$name"
@@ -300,21 +303,30 @@ start_extra_process() {
   echo $! >"$STATE/nodes/pids/$name.pid"
 }
 
+# extra_pid NAME: the PID start_extra_process recorded for NAME.
+extra_pid() { cat "$STATE/nodes/pids/$1.pid" 2>/dev/null || true; }
+
 extra_alive() {
   local pid exe
-  pid=$(cat "$STATE/nodes/pids/$1.pid" 2>/dev/null || true)
+  pid=$(extra_pid "$1")
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
   exe=${exe% (deleted)}
   [ "${exe##*/}" = "$2" ]
 }
 
+# extra_running NAME BINARY: like running, for a process of the cell's own.
+extra_running() { extra_alive "$@" || launching "$(extra_pid "$1")"; }
+
 # wait_extra NAME BINARY WHAT COMMAND...
 wait_extra() {
   local name=$1 bin=$2 what=$3 deadline=$(($(date +%s) + TIMEOUT))
   shift 3
   until "$@" >/dev/null 2>&1; do
-    if ! extra_alive "$name" "$bin" && ! launching "$(cat "$STATE/nodes/pids/$name.pid" 2>/dev/null)"; then log_tail "$name"; fail_up "$name exited while waiting for $what"; fi
+    if gone extra_running "$name" "$bin"; then
+      log_tail "$name"
+      fail_up "$name exited while waiting for $what ($(process_state "$(extra_pid "$name")"))"
+    fi
     if [ "$(date +%s)" -ge "$deadline" ]; then log_tail "$name"; fail_up "timed out after ${TIMEOUT}s waiting for $what"; fi
     sleep 0.5
   done
@@ -714,7 +726,7 @@ nodes_down() {
   local i name pid
   for i in $(seq 1 "$NODES_COUNT"); do node_down "$i"; done
   for name in coredns registry; do
-    pid=$(cat "$STATE/nodes/pids/$name.pid" 2>/dev/null || true)
+    pid=$(extra_pid "$name")
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && kill_and_wait "$pid"
     rm -f "$STATE/nodes/pids/$name.pid"
   done
@@ -755,11 +767,12 @@ nodes_down() {
 }
 
 nodes_status() {
-  local i name rc=0 state
+  local i name rc=0 state pid
   for i in $(seq 1 "$NODES_COUNT"); do
     for name in containerd kubelet kube-proxy; do
       if node_alive "$i" "$name" "$name"; then state=alive; else state=dead; rc=1; fi
-      printf '%-24s %-8s %s\n' "$(node_name "$i")/$name" "$(cat "$(node_dir "$i")/pids/$name.pid" 2>/dev/null || echo -)" "$state"
+      pid=$(node_pid "$i" "$name")
+      printf '%-24s %-8s %s\n' "$(node_name "$i")/$name" "${pid:--}" "$state"
     done
   done
   for name in registry:docker-registry coredns:coredns; do
