@@ -5,8 +5,6 @@
 
 use openflux_testkit as support;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use kube::ResourceExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -51,19 +49,6 @@ fn kustomization(ns: &str, name: &str, source_ref: Value) -> Value {
         "spec": {"interval": "10m", "prune": true, "path": "./", "targetNamespace": ns,
                  "sourceRef": source_ref}
     })
-}
-
-async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
-    wait_for(
-        &format!("ConfigMap {ns}/{name} to hold {value:?}"),
-        TIMEOUT,
-        || async {
-            let cm = cms.get_opt(name).await.ok().flatten()?;
-            (cm.data?.get("value")? == value).then_some(())
-        },
-    )
-    .await;
 }
 
 async fn wait_ready(
@@ -138,16 +123,7 @@ async fn open_flux_artifacts_reach_an_unchanged_kustomization() {
         .await
         .expect("creating the Kustomization");
         wait_ready(&env, KUSTOMIZE, "Kustomization", &n, &ks).await;
-        let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &n);
-        wait_for(
-            "the ConfigMap from the Open Flux Artifact",
-            TIMEOUT,
-            || async {
-                let cm = cms.get_opt("app-config").await.ok().flatten()?;
-                (cm.data?.get("value")? == group).then_some(())
-            },
-        )
-        .await;
+        support::configmap_holds(&env, &n, "app-config", group, TIMEOUT).await;
         // Deleting theirs deletes the Artifact standing for it.
         let ours = format!("testsource-{n}-{source}.artifact.{group}");
         assert!(env.find(ARTIFACT, "Artifact", &n, &ours).await.is_some());
@@ -316,7 +292,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     })
     .await;
     assert!(moved.annotations().contains_key("openflux.dev/moved-from"));
-    wait_configmap(&env, &n, "app-config", "migrated").await;
+    support::configmap_holds(&env, &n, "app-config", "migrated", TIMEOUT).await;
     wait_for("the earlier export to be deleted", TIMEOUT, || async {
         env.find(
             "source.toolkit.fluxcd.io/v1",
@@ -365,7 +341,7 @@ async fn flux_trace_names_the_custom_source() {
     ))
     .await
     .expect("creating the Kustomization");
-    wait_configmap(&env, &n, "app-config", "traced").await;
+    support::configmap_holds(&env, &n, "app-config", "traced", TIMEOUT).await;
     let kubeconfig = env.kubeconfig.clone().expect("a kubeconfig file");
     let out = tokio::task::block_in_place(|| {
         std::process::Command::new(&flux)
@@ -639,7 +615,7 @@ async fn a_forged_default_artifact_does_not_block_the_sources_own() {
     ))
     .await
     .expect("creating the Kustomization");
-    wait_configmap(&env, &n, "app-config", "producer").await;
+    support::configmap_holds(&env, &n, "app-config", "producer", TIMEOUT).await;
     let ks = env
         .find(KUSTOMIZE, "Kustomization", &n, "app")
         .await

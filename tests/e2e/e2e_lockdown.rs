@@ -22,7 +22,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde::Deserialize as _;
 use serde_json::{json, Value};
@@ -367,12 +366,7 @@ async fn a_locked_down_tenant_deploys_from_an_http_source_and_a_viewer_cannot() 
         "the consumer was not pointed at the HttpSource's export: {reference}"
     );
     applied(&env, &t, "app").await;
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &t);
-    wait_for("the HttpSource's ConfigMap", TIMEOUT, || async {
-        let cm = cms.get_opt("app-config").await.ok().flatten()?;
-        (cm.data?.get("value")? == &value).then_some(())
-    })
-    .await;
+    support::configmap_holds(&env, &t, "app-config", &value, TIMEOUT).await;
 
     // The viewer tenant: refused, as the ServiceAccount the lockdown
     // impersonates; nothing of its repository exists.

@@ -12,7 +12,6 @@
 use std::path::Path;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::core::DynamicObject;
 use kube::ResourceExt;
@@ -173,19 +172,6 @@ fn assert_rewritten(stored: &DynamicObject, source: &str) {
         openflux::names::identity::source_export_name(GROUP, "TestSource", source),
         "{target}"
     );
-}
-
-async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
-    wait_for(
-        &format!("ConfigMap {name} to hold {value:?}"),
-        TIMEOUT,
-        || async {
-            let cm = cms.get_opt(name).await.ok().flatten()?;
-            (cm.data?.get("value")? == value).then_some(())
-        },
-    )
-    .await;
 }
 
 async fn wait_kustomization_ready(env: &Env, ns: &str, name: &str) {
@@ -411,7 +397,7 @@ async fn each_source_belongs_to_one_shard_and_every_webhook_answers_for_all() {
     );
     for (name, _) in sources {
         wait_kustomization_ready(&env, &n, &format!("ks-{name}")).await;
-        wait_configmap(&env, &n, name, "v1").await;
+        support::configmap_holds(&env, &n, name, "v1", TIMEOUT).await;
     }
 
     // Moved to shard1 (its producer labels the source and the Artifact), at
@@ -425,7 +411,7 @@ async fn each_source_belongs_to_one_shard_and_every_webhook_answers_for_all() {
             source_revision(e).as_deref() == Some(&revision)
         })
         .await;
-        wait_configmap(&env, &n, "main-a", version).await;
+        support::configmap_holds(&env, &n, "main-a", version, TIMEOUT).await;
         assert!(reconciles(&one, &n, "main-a").await > 0.0);
         if version == "v3" {
             assert_eq!(reconciles(&main, &n, "main-a").await, main_looked);

@@ -5,7 +5,6 @@
 
 use openflux_testkit as support;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -141,24 +140,8 @@ async fn custom_source(
     }
 }
 
-/// Puts a tarball of `files` on the static file server; the Artifact spec
-/// pointing at it, with revision `<version>@<digest>`.
-async fn wait_configmap(env: &Env, ns: &str, name: &str, value: &str) {
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
-    wait_for(
-        &format!("ConfigMap {name} to hold {value:?}"),
-        TIMEOUT,
-        || {
-            let cms = cms.clone();
-            async move {
-                let cm = cms.get_opt(name).await.ok().flatten()?;
-                (cm.data?.get("value")? == value).then_some(())
-            }
-        },
-    )
-    .await;
-}
-
+/// The error of a create that must be refused (a panic when it was
+/// admitted).
 fn error_text(result: anyhow::Result<DynamicObject>) -> String {
     match result {
         Ok(obj) => panic!("admitted: {:?}", obj.data),
@@ -252,7 +235,7 @@ async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
         stored.annotations().get(ANNOTATION).map(String::as_str),
         Some(r#"{"apiVersion":"e2e.openflux.dev/v1","kind":"TestSource","name":"web"}"#)
     );
-    wait_configmap(&env, &n, "app-config", "one").await;
+    support::configmap_holds(&env, &n, "app-config", "one", TIMEOUT).await;
     let ks = wait_for("the Kustomization to be Ready", TIMEOUT, || async {
         let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
         (ready_condition(&ks)?.0 == "True").then_some(ks)
@@ -330,7 +313,7 @@ async fn reference_created_before_its_source_warns_then_becomes_ready() {
     support::request_reconcile(&env.client, KUSTOMIZE, "Kustomization", &n, "later")
         .await
         .ok();
-    wait_configmap(&env, &n, "app-config", "late").await;
+    support::configmap_holds(&env, &n, "app-config", "late", TIMEOUT).await;
     wait_for("the Kustomization to be Ready", TIMEOUT, || async {
         let ks = env.find(KUSTOMIZE, "Kustomization", &n, "later").await?;
         (ready_condition(&ks)?.0 == "True").then_some(())
@@ -377,7 +360,7 @@ async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
         field(&stored, "/spec/chartRef"),
         Some(&support::exports::reference_to(&export))
     );
-    wait_configmap(&env, &n, "web-hello", "from-openflux").await;
+    support::configmap_holds(&env, &n, "web-hello", "from-openflux", TIMEOUT).await;
     ns.delete().await;
 }
 

@@ -12,8 +12,6 @@
 //! source-watcher writes it) helm-controller appends it to the chart's
 //! version, so new content alone upgrades the release.
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use openflux_testkit as support;
 use serde_json::{json, Value};
 use support::{field, Env};
@@ -103,24 +101,8 @@ pub(super) async fn custom_sources_feed_a_generated_chart(env: &Env, prefix: &st
     }))
     .await
     .expect("applying the HelmRelease of the generated chart");
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &n);
-    let installed = |value: &'static str| {
-        let cms = cms.clone();
-        async move {
-            let what = format!(
-                "the ConfigMap web-config to hold {value:?}, installed by helm-controller from the chart source-watcher generated"
-            );
-            support::wait_for(&what, ROLLOUT, || {
-                let cms = cms.clone();
-                async move {
-                    let cm = cms.get_opt("web-config").await.ok().flatten()?;
-                    (cm.data.unwrap_or_default().get("value").map(String::as_str) == Some(value))
-                        .then_some(())
-                }
-            })
-            .await
-        }
-    };
+    // Installed by helm-controller from the chart source-watcher generated.
+    let installed = |value| support::configmap_holds(env, &n, "web-config", value, ROLLOUT);
     installed("from the first template").await;
     let first = released_version(env, &n).await;
     serve("configmap.yaml", &template("from the new template"));

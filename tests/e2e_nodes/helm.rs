@@ -2,8 +2,6 @@
 //! manifest of openflux) publishing a packaged chart, consumed by an
 //! unchanged HelmRelease that the helm-controller Pod installs.
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
@@ -85,20 +83,8 @@ async fn a_custom_source_flows_into_an_unchanged_helm_release_applied_by_flux_po
         ["OCIRepository", "ExternalArtifact"].contains(&kind.as_str()),
         "the chartRef names an export: {kind}"
     );
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &n);
-    support::wait_for(
-        "the chart's ConfigMap installed by helm-controller",
-        ROLLOUT,
-        || {
-            let cms = cms.clone();
-            let value = value.clone();
-            async move {
-                let cm = cms.get_opt("web-hello").await.ok().flatten()?;
-                (cm.data.unwrap_or_default().get("value") == Some(&value)).then_some(())
-            }
-        },
-    )
-    .await;
+    // The chart's ConfigMap, installed by helm-controller.
+    support::configmap_holds(&env, &n, "web-hello", &value, ROLLOUT).await;
     println!("{n}: HelmRelease rewritten to {kind}, chart installed");
     ns.delete().await;
 }

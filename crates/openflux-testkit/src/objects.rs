@@ -278,3 +278,21 @@ pub fn configmap_yaml(value: &str) -> String {
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  value: {value}\n"
     )
 }
+
+/// Waits (within `timeout`) until ConfigMap `ns/name` holds `value` under
+/// `data.value`: what a consumer applied from its source.
+pub async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str, timeout: Duration) {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    wait_for(
+        &format!("ConfigMap {ns}/{name} to hold {value:?}"),
+        timeout,
+        || {
+            let cms = cms.clone();
+            async move {
+                let cm = cms.get_opt(name).await.ok().flatten()?;
+                (cm.data?.get("value")? == value).then_some(())
+            }
+        },
+    )
+    .await;
+}
