@@ -20,10 +20,11 @@ use super::{custom_source_flows, ROLLOUT};
 const INSTALL_DOC: &str = "docs/install.md";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 
-/// The first `lang` block of `heading` in docs/install.md, the version
-/// placeholder `X.Y.Z` replaced by the bundle's.
-fn doc_block(bundle: &Bundle, heading: &str, lang: &str) -> String {
-    let path = support::workspace_root().join(INSTALL_DOC);
+/// The first `lang` block of `heading` in the docs/install.md of the tree
+/// the bundle was released from, the version placeholder `X.Y.Z` replaced
+/// by the bundle's.
+pub(super) fn doc_block(bundle: &Bundle, heading: &str, lang: &str) -> String {
+    let path = bundle.tree.join(INSTALL_DOC);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     support::nodes::block_of(INSTALL_DOC, &text, heading, lang)
@@ -33,7 +34,7 @@ fn doc_block(bundle: &Bundle, heading: &str, lang: &str) -> String {
 
 /// Runs `script` with bash (`-euo pipefail`) in the bundle's directory:
 /// `kubectl` the cell's, `helm` the release's, `REGISTRY` the bundle's.
-fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
+pub(super) fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
     let kubectl = support::nodes::var(env, "OPENFLUX_E2E_KUBECTL");
     let dirs = [
         std::path::Path::new(kubectl)
@@ -67,10 +68,25 @@ fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
     out
 }
 
+/// docs/install.md's step 3 of "Uninstall" for kubectl.
+pub(super) const UNINSTALL_KUBECTL: &str =
+    "kubectl delete -f install.yaml --ignore-not-found --wait=true --timeout=180s\n";
+
+/// docs/install.md's step 3 of "Uninstall" for Helm.
+pub(super) const UNINSTALL_HELM: &str =
+    "helm uninstall openflux -n openflux-system --wait --timeout 180s\n\
+     kubectl delete namespace openflux-system --ignore-not-found --wait=true --timeout=180s\n";
+
+/// `block` with helm told that the cell's registry speaks plain HTTP, the
+/// block itself run as written.
+pub(super) fn with_plain_http_helm(block: &str) -> String {
+    format!("helm() {{ command helm \"$@\" --plain-http; }}\n{block}")
+}
+
 /// What of openflux is on the cluster: every object of install.yaml that
 /// exists, and the webhook configurations, which openflux also writes at
 /// run time.
-fn left(env: &Env, bundle: &Bundle) -> Vec<String> {
+pub(super) fn left(env: &Env, bundle: &Bundle) -> Vec<String> {
     let out = sh(
         env,
         bundle,
@@ -89,7 +105,7 @@ fn left(env: &Env, bundle: &Bundle) -> Vec<String> {
 }
 
 /// From nothing: the shared installation removed, nothing of openflux left.
-fn from_nothing(env: &Env, bundle: &Bundle) {
+pub(super) fn from_nothing(env: &Env, bundle: &Bundle) {
     super::INSTALLED.store(false, std::sync::atomic::Ordering::SeqCst);
     support::nodes::uninstall(env);
     let left = left(env, bundle);
@@ -100,7 +116,7 @@ fn from_nothing(env: &Env, bundle: &Bundle) {
 /// removal is `remove` (step 3): openflux stopped and its webhook
 /// configurations removed, the path's objects removed, the validating
 /// configuration deleted again; nothing is left.
-fn uninstall(env: &Env, bundle: &Bundle, stop: bool, remove: &str) {
+pub(super) fn uninstall(env: &Env, bundle: &Bundle, stop: bool, remove: &str) {
     if stop {
         sh(
             env,
@@ -134,14 +150,7 @@ async fn installed_with_kubectl_from_install_yaml_then_uninstalled_to_nothing() 
     assert!(install.contains("install.yaml"), "{install}");
     tokio::task::block_in_place(|| sh(&env, bundle, &install));
     custom_source_flows(&env, "release-kubectl").await;
-    tokio::task::block_in_place(|| {
-        uninstall(
-            &env,
-            bundle,
-            true,
-            "kubectl delete -f install.yaml --ignore-not-found --wait=true --timeout=180s\n",
-        )
-    });
+    tokio::task::block_in_place(|| uninstall(&env, bundle, true, UNINSTALL_KUBECTL));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,20 +163,10 @@ async fn installed_with_helm_from_the_oci_chart_then_uninstalled_to_nothing() {
         install.contains("oci://$REGISTRY/charts/openflux"),
         "{install}"
     );
-    // The cell's registry speaks plain HTTP: helm is told so, the block is
-    // run as written.
-    let install = format!("helm() {{ command helm \"$@\" --plain-http; }}\n{install}");
+    let install = with_plain_http_helm(&install);
     tokio::task::block_in_place(|| sh(&env, bundle, &install));
     custom_source_flows(&env, "release-helm").await;
-    tokio::task::block_in_place(|| {
-        uninstall(
-            &env,
-            bundle,
-            true,
-            "helm uninstall openflux -n openflux-system --wait --timeout 180s\n\
-             kubectl delete namespace openflux-system --ignore-not-found --wait=true --timeout=180s\n",
-        )
-    });
+    tokio::task::block_in_place(|| uninstall(&env, bundle, true, UNINSTALL_HELM));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

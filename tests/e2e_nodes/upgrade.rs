@@ -1,42 +1,34 @@
-//! openflux upgraded in place: the previous release
-//! (`OPENFLUX_PREVIOUS_RELEASE`, e2e/versions.env) installed from its own
-//! manifests as its README said, consumers of custom sources live on it,
-//! then this build's manifests and image applied over it while admissions
-//! keep coming. Counted from the client side: no failed admission, no
-//! consumer left on a missing export, Artifacts and exports unchanged.
+//! openflux upgraded in place from its previous release
+//! (`OPENFLUX_PREVIOUS_RELEASE`, e2e/versions.env) by each path a release
+//! is installed with: the previous release's bundle, made and published by
+//! its own `make release` and `make publish`, installed as its
+//! docs/install.md said (`kubectl apply -f install.yaml`, or `helm
+//! install`), consumers of custom sources live on it, then this release's
+//! bundle applied over it as this docs/install.md's "Upgrade" says, while
+//! admissions keep coming. Counted from the client side: no failed
+//! admission, no consumer left on a missing export, Artifacts and exports
+//! unchanged; then the path's uninstall leaves nothing of openflux.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
+use support::release::Bundle;
 use support::{field, Cell, Env};
 
 use super::load::Admissions;
-use super::overlay;
+use super::release;
 use super::{all_available, ROLLOUT};
 
 const KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io/v1";
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const GROUP: &str = "upgrade.producer.example";
 const CONSUMERS: usize = 3;
-
-fn kubectl(env: &Env, args: &[&str]) {
-    let out = env.run_kubectl(args, None);
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn configmap(name: &str, value: &str) -> String {
     format!(
@@ -88,100 +80,110 @@ async fn snapshot(env: &Env, ns: &str) -> BTreeMap<String, (Value, Value, Value)
     seen
 }
 
-/// A serving certificate made by the previous release's `openflux certs`,
-/// in the Secret its Deployment mounts.
-fn make_certs(env: &Env, previous: &support::release::Previous, work: &std::path::Path) {
-    let tls = work.join("webhook-tls");
-    let certs = std::process::Command::new(&previous.binary)
-        .args(["certs", "--out-dir"])
-        .arg(&tls)
-        .args(["--dns-name", "openflux-webhook.openflux-system.svc"])
-        .output()
-        .expect("running the previous release's openflux certs");
-    assert!(
-        certs.status.success(),
-        "openflux certs: {}",
-        String::from_utf8_lossy(&certs.stderr)
-    );
-    let file = |name: &str| format!("--from-file={}", tls.join(name).display());
-    kubectl(
-        env,
-        &[
-            "-n",
-            "openflux-system",
-            "create",
-            "secret",
-            "generic",
-            "openflux-webhook-tls",
-            &file("ca.crt"),
-            &file("tls.crt"),
-            &file("tls.key"),
-        ],
-    );
+/// How a release is installed, upgraded and removed: the install block of
+/// docs/install.md (the previous release's), its upgrade block (this
+/// release's) and the path's uninstall.
+#[derive(Clone, Copy)]
+enum Path {
+    Kubectl,
+    Helm,
 }
 
-async fn configmap_holds(env: &Env, ns: &str, name: &str, value: &str) {
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
-    support::wait_for(
-        &format!("ConfigMap {name} = {value:?}"),
-        ROLLOUT,
-        || async {
-            let cm = cms.get_opt(name).await.ok().flatten()?;
-            (cm.data.unwrap_or_default().get("value").map(String::as_str) == Some(value))
-                .then_some(())
-        },
-    )
-    .await;
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Kubectl => "kubectl",
+            Path::Helm => "helm",
+        }
+    }
+
+    /// Runs docs/install.md's block under `heading` of `bundle`'s tree
+    /// with `bundle` (helm told that the cell's registry speaks plain HTTP).
+    fn run(self, env: &Env, bundle: &Bundle, heading: &str) {
+        let block = release::doc_block(bundle, heading, "sh");
+        let script = match self {
+            Path::Kubectl => block,
+            Path::Helm => release::with_plain_http_helm(&block),
+        };
+        release::sh(env, bundle, &script);
+    }
+
+    fn install(self, env: &Env, previous: &Bundle) {
+        let heading = match self {
+            Path::Kubectl => "## kubectl",
+            Path::Helm => "## Helm",
+        };
+        self.run(env, previous, heading);
+    }
+
+    fn upgrade(self, env: &Env, current: &Bundle) {
+        let heading = match self {
+            Path::Kubectl => "### Upgrade with kubectl",
+            Path::Helm => "### Upgrade with Helm",
+        };
+        self.run(env, current, heading);
+    }
+
+    fn uninstall(self, env: &Env, current: &Bundle) {
+        let remove = match self {
+            Path::Kubectl => release::UNINSTALL_KUBECTL,
+            Path::Helm => release::UNINSTALL_HELM,
+        };
+        release::uninstall(env, current, true, remove);
+    }
+}
+
+/// The openflux image `bundle`'s install.yaml runs.
+fn image_of(bundle: &Bundle) -> String {
+    let path = bundle.dir.join("install.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let wanted = format!("{}/openflux@sha256:", bundle.registry);
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .find(|image| image.starts_with(&wanted))
+        .unwrap_or_else(|| panic!("{} runs no {wanted}...", path.display()))
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_export() {
-    let env = support::cell(Cell::Nodes).await;
-    super::INSTALLED.store(false, Ordering::SeqCst);
-    tokio::task::block_in_place(|| support::nodes::uninstall(&env));
-    let current = tokio::task::block_in_place(|| support::release::current_image(&env));
-    let previous = tokio::task::block_in_place(|| support::release::previous(&env));
-    println!(
-        "previous release {} ({}), current build {current}",
-        previous.commit, previous.image
-    );
+async fn upgrading_with_kubectl_from_the_previous_release_fails_no_admission_and_keeps_every_export(
+) {
+    upgrade_by(Path::Kubectl).await;
+}
 
-    // The previous release, as its README said: its namespace, a serving
-    // certificate made by `openflux certs` in a Secret when its Deployment
-    // mounts one (releases that keep their certificates themselves need
-    // nothing), then the manifests with its image.
-    let work = tempfile::tempdir().expect("a temp dir");
-    kubectl(
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrading_with_helm_from_the_previous_release_fails_no_admission_and_keeps_every_export() {
+    upgrade_by(Path::Helm).await;
+}
+
+async fn upgrade_by(path: Path) {
+    let env = support::cell(Cell::Nodes).await;
+    let previous = tokio::task::block_in_place(|| support::release::previous_bundle(&env));
+    let current_bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
+    let current = image_of(current_bundle);
+    println!(
+        "previous release {} ({}), this release {current}",
+        previous.tree.display(),
+        image_of(previous)
+    );
+    tokio::task::block_in_place(|| release::from_nothing(&env, current_bundle));
+
+    // The previous release, as its docs said.
+    tokio::task::block_in_place(|| path.install(&env, previous));
+    all_available(
         &env,
-        &[
-            "apply",
-            "-f",
-            &previous
-                .tree
-                .join("manifests/namespace.yaml")
-                .display()
-                .to_string(),
-        ],
-    );
-    let old_deployment = std::fs::read_to_string(previous.tree.join("manifests/deployment.yaml"))
-        .expect("the previous release's Deployment");
-    if !old_deployment.contains("--webhook-cert-secret") {
-        make_certs(&env, &previous, work.path());
-    }
-    let old_overlay = work.path().join("previous");
-    overlay::write(
-        &old_overlay,
-        &previous.tree.join("manifests"),
-        &previous.image,
-        "",
-    );
-    kubectl(&env, &["apply", "-k", &old_overlay.display().to_string()]);
-    all_available(&env, "openflux-system", &["openflux"]).await;
+        "openflux-system",
+        &["openflux", "openflux-http-source"],
+    )
+    .await;
 
     // Live consumers of a producer's own kind.
     support::install_test_source_crd(&env, GROUP).await;
     support::wait_established(&env, &[&format!("testsources.{GROUP}")]).await;
-    let ns = env.namespace("nodes-upgrade").await;
+    let ns = env
+        .namespace(&format!("nodes-upgrade-{}", path.name()))
+        .await;
     let n = ns.name().to_string();
     let source_api = format!("{GROUP}/v1");
     for i in 0..CONSUMERS {
@@ -220,7 +222,7 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         .expect("a consumer (through the previous release's webhook)");
     }
     for i in 0..CONSUMERS {
-        configmap_holds(&env, &n, &format!("cm-{i}"), "before").await;
+        support::configmap_holds(&env, &n, &format!("cm-{i}"), "before", ROLLOUT).await;
     }
     let before = snapshot(&env, &n).await;
     for (consumer, (reference, artifact, _)) in &before {
@@ -230,8 +232,8 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         );
     }
 
-    // The upgrade: this build's manifests and image over the previous ones,
-    // under admissions naming the custom source.
+    // The upgrade: this release's bundle over the previous one, as
+    // docs/install.md says, under admissions naming the custom source.
     let reference = json!({"apiVersion": source_api, "kind": "TestSource", "name": "s0"});
     let admissions = Admissions::naming(&env, &n, reference, 2, Duration::from_millis(100)).await;
     support::wait_for(
@@ -240,15 +242,8 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
         || async { (admissions.answered() >= 10).then_some(()) },
     )
     .await;
-    let new_overlay = work.path().join("current");
-    overlay::write(
-        &new_overlay,
-        &support::workspace_root().join("manifests"),
-        &current,
-        "",
-    );
     let started = Instant::now();
-    kubectl(&env, &["apply", "-k", &new_overlay.display().to_string()]);
+    tokio::task::block_in_place(|| path.upgrade(&env, current_bundle));
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "openflux-system");
     support::wait_for("openflux rolled to this build", ROLLOUT, || async {
         let d = deployments.get("openflux").await.ok()?;
@@ -277,8 +272,8 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
 
     let after = snapshot(&env, &n).await;
     println!(
-        "upgrade {} -> this build in {upgraded_in:?}: admissions {} answered, {} failed",
-        &previous.commit[..12],
+        "upgrade with {} -> this release in {upgraded_in:?}: admissions {} answered, {} failed",
+        path.name(),
         tally.answered,
         tally.failures.len()
     );
@@ -355,13 +350,21 @@ async fn upgrading_from_the_previous_release_fails_no_admission_and_keeps_every_
     )
     .await
     .expect("a new revision of s0");
-    configmap_holds(&env, &n, "cm-0", "after").await;
+    support::configmap_holds(&env, &n, "cm-0", "after", ROLLOUT).await;
 
     // This build's validating webhook is in force: openflux published it
     // with its CA bundle, and a consumer naming the export directly is
     // judged by the tenant policy.
     validating_webhook_in_force(&env, &n, &before["k0"].0).await;
     ns.delete().await;
+    tokio::task::block_in_place(|| {
+        path.uninstall(&env, current_bundle);
+        let left = release::left(&env, previous);
+        assert!(
+            left.is_empty(),
+            "after the uninstall, objects of the previous release's install.yaml are left: {left:?}"
+        );
+    });
 }
 
 /// A server-side dry-run create of a Kustomization in `ns` naming

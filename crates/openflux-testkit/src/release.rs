@@ -1,25 +1,16 @@
 //! Releases of openflux for the nodes cell's tests: this tree's release
-//! bundle (`make release`, then `make publish` to the cell's registry), and
-//! for the upgrade test this build's image and the previous release's,
-//! built from its commit (`OPENFLUX_PREVIOUS_RELEASE` in e2e/versions.env),
-//! each pushed to the cell's registry by digest.
+//! bundle (`make release`, then `make publish` to the cell's registry), the
+//! previous release's bundle, made the same way by its own tools from its
+//! commit (`OPENFLUX_PREVIOUS_RELEASE` in e2e/versions.env), and this
+//! build's image alone, pushed by digest.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use crate::nodes::registry;
 use crate::{workspace_root, Env};
-
-/// The previous release: its commit, the tree at that commit (manifests
-/// included) and its openflux image in the cell's registry.
-pub struct Previous {
-    pub commit: String,
-    pub tree: PathBuf,
-    pub image: String,
-    /// The release's own openflux binary (for `openflux certs`).
-    pub binary: PathBuf,
-}
 
 /// `OPENFLUX_PREVIOUS_RELEASE` of e2e/versions.env.
 pub fn previous_commit() -> String {
@@ -117,59 +108,11 @@ pub fn current_image(env: &Env) -> String {
     )
 }
 
-/// The previous release: its tree (from git, under the target dir), its
-/// openflux built there (a target dir of its own, so this build's binaries
-/// are never overwritten; kept between runs), packed by its own
-/// images/build and pushed as `openflux:previous`.
-pub fn previous(env: &Env) -> Previous {
-    let commit = previous_commit();
-    let root = workspace_root();
-    let base = target_dir().join("previous-release");
-    let tree = base.join(&commit[..12]);
-    if !tree.join("Cargo.toml").exists() {
-        std::fs::create_dir_all(&tree).expect("the previous release's dir");
-        let archive = run(
-            "git archive of the previous release (a clone with full history is needed)",
-            Command::new("git")
-                .arg("-C")
-                .arg(&root)
-                .args(["archive", "--format=tar", &commit]),
-        );
-        let mut untar = Command::new("tar")
-            .arg("-x")
-            .arg("-C")
-            .arg(&tree)
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("running tar");
-        std::io::Write::write_all(untar.stdin.as_mut().expect("tar's stdin"), &archive)
-            .expect("unpacking the previous release");
-        drop(untar.stdin.take());
-        assert!(untar.wait().expect("tar").success(), "tar failed");
-    }
-    // Debug: the dependencies build faster, and the program is the same.
-    run(
-        "cargo build of the previous release",
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--locked", "-p", "openflux", "--bin", "openflux"])
-            .current_dir(&tree)
-            .env("CARGO_TARGET_DIR", base.join("target")),
-    );
-    let binary = base.join("target/debug/openflux");
-    // The HttpSource binary only fills the packer's second image.
-    let http_source = target_dir().join("release/openflux-http-source");
-    let image = pack_and_push(env, &tree, &binary, &http_source, "previous");
-    Previous {
-        commit,
-        tree,
-        image,
-        binary,
-    }
-}
-
-/// A release of this tree, published to the nodes cell's registry.
+/// A release published to the nodes cell's registry.
 pub struct Bundle {
-    /// The workspace's version, the release's.
+    /// The tree it was released from (its docs included).
+    pub tree: PathBuf,
+    /// Its workspace's version, the release's.
     pub version: String,
     /// Where it is published: `<cell registry>/release`.
     pub registry: String,
@@ -181,7 +124,12 @@ pub struct Bundle {
 
 /// The version in the workspace's Cargo.toml.
 pub fn workspace_version() -> String {
-    let path = workspace_root().join("Cargo.toml");
+    version_of(&workspace_root())
+}
+
+/// The version in the Cargo.toml of the workspace at `tree`.
+fn version_of(tree: &Path) -> String {
+    let path = tree.join("Cargo.toml");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
@@ -189,6 +137,64 @@ pub fn workspace_version() -> String {
         .and_then(|v| v.strip_suffix('"'))
         .unwrap_or_else(|| panic!("{} names no version", path.display()))
         .to_string()
+}
+
+/// The image platform of this machine, the one a test release is made for.
+fn this_platform() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "linux/amd64",
+        "aarch64" => "linux/arm64",
+        other => panic!("no image platform for {other}"),
+    }
+}
+
+/// The helm that `make release` builds (from its Go module).
+fn helm() -> PathBuf {
+    let helm = run(
+        "release/tools bin helm",
+        Command::new(workspace_root().join("release/tools")).args(["bin", "helm"]),
+    );
+    PathBuf::from(String::from_utf8_lossy(&helm).trim())
+}
+
+/// Runs `release/release`, then `release/publish` (PLAIN_HTTP=1), of
+/// `tree` to `registry`, each with the environment `env` adds.
+fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> Bundle {
+    let version = version_of(tree);
+    let mut release = Command::new(tree.join("release/release"));
+    crate::openflux::without_test_env(&mut release)
+        .args([&version, registry])
+        .current_dir(tree)
+        .env("PLATFORMS", this_platform());
+    let mut publish = Command::new(tree.join("release/publish"));
+    publish
+        .args([&version, registry])
+        .current_dir(tree)
+        .env("PLAIN_HTTP", "1");
+    for (name, value) in env {
+        release.env(name, value);
+        publish.env(name, value);
+    }
+    let out = run(
+        &format!("{}/release/release (make release)", tree.display()),
+        &mut release,
+    );
+    println!("make release: {}", String::from_utf8_lossy(&out).trim());
+    run(
+        &format!("{}/release/publish (make publish)", tree.display()),
+        &mut publish,
+    );
+    let target = env
+        .iter()
+        .find(|(name, _)| *name == "CARGO_TARGET_DIR")
+        .map_or_else(target_dir, |(_, dir)| PathBuf::from(dir));
+    Bundle {
+        tree: tree.to_path_buf(),
+        dir: target.join("dist").join(&version),
+        version,
+        registry: registry.to_string(),
+        helm: helm(),
+    }
 }
 
 static BUNDLE: OnceLock<Bundle> = OnceLock::new();
@@ -203,40 +209,63 @@ static BUNDLE: OnceLock<Bundle> = OnceLock::new();
 /// built.
 pub fn published_bundle(env: &Env) -> &'static Bundle {
     BUNDLE.get_or_init(|| {
-        let root = workspace_root();
-        let version = workspace_version();
         let registry = format!("{}/release", registry(env));
-        let platform = match std::env::consts::ARCH {
-            "x86_64" => "linux/amd64",
-            "aarch64" => "linux/arm64",
-            other => panic!("no image platform for {other}"),
-        };
-        let out = run(
-            "release/release (make release)",
-            crate::openflux::without_test_env(&mut Command::new(root.join("release/release")))
-                .args([&version, &registry])
-                .current_dir(&root)
-                .env("ALLOW_DIRTY", "1")
-                .env("PLATFORMS", platform),
-        );
-        println!("make release: {}", String::from_utf8_lossy(&out).trim());
-        run(
-            "release/publish (make publish)",
-            Command::new(root.join("release/publish"))
-                .args([&version, &registry])
-                .current_dir(&root)
-                .env("PLAIN_HTTP", "1"),
-        );
-        let helm = run(
-            "release/tools bin helm",
-            Command::new(root.join("release/tools")).args(["bin", "helm"]),
-        );
-        let helm = PathBuf::from(String::from_utf8_lossy(&helm).trim());
-        Bundle {
-            dir: target_dir().join("dist").join(&version),
-            version,
-            registry,
-            helm,
+        release_and_publish(
+            &workspace_root(),
+            &registry,
+            &[("ALLOW_DIRTY", OsStr::new("1"))],
+        )
+    })
+}
+
+static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
+
+/// The previous release (`OPENFLUX_PREVIOUS_RELEASE`), made by its own
+/// `make release` in a clone at its commit and pushed by its own `make
+/// publish` to `<cell registry>/previous`, once per test process. Three
+/// differences from how it was shipped, none in what it installs: no
+/// signatures (`SIGN=0`; the kubectl and Helm paths verify none), this
+/// machine's platform alone, and the release profile's optimisation and
+/// link-time work turned off (`CARGO_PROFILE_RELEASE_*`), so its cold build
+/// takes a debug build's time. Its clone and target dir stay under
+/// `target/previous-release/` between runs.
+pub fn previous_bundle(env: &Env) -> &'static Bundle {
+    PREVIOUS.get_or_init(|| {
+        let commit = previous_commit();
+        let root = workspace_root();
+        let base = target_dir().join("previous-release");
+        let tree = base.join(&commit[..12]);
+        if !tree.join(".git").exists() {
+            // An older layout kept an unpacked archive here.
+            let _ = std::fs::remove_dir_all(&tree);
+            std::fs::create_dir_all(&base).expect("the previous release's dir");
+            run(
+                "git clone of this repository for the previous release",
+                Command::new("git")
+                    .args(["clone", "--quiet", "--shared", "--no-checkout"])
+                    .arg(&root)
+                    .arg(&tree),
+            );
+            run(
+                "git checkout of the previous release (a clone with full history is needed)",
+                Command::new("git")
+                    .arg("-C")
+                    .arg(&tree)
+                    .args(["checkout", "--quiet", "--detach", &commit]),
+            );
         }
+        let target = base.join("target");
+        let registry = format!("{}/previous", registry(env));
+        release_and_publish(
+            &tree,
+            &registry,
+            &[
+                ("CARGO_TARGET_DIR", target.as_os_str()),
+                ("SIGN", OsStr::new("0")),
+                ("CARGO_PROFILE_RELEASE_OPT_LEVEL", OsStr::new("0")),
+                ("CARGO_PROFILE_RELEASE_LTO", OsStr::new("false")),
+                ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", OsStr::new("16")),
+            ],
+        )
     })
 }
