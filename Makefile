@@ -25,7 +25,7 @@ demo-down:
 # (ports 18xxx and 19xxx; the lockdown cell of tests/e2e/e2e_lockdown.rs 21xxx;
 # see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
-test: lint cluster-up chart-check
+test: lint crate-check cluster-up chart-check
 	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
 	  rc=$$?; $(CLUSTER) cells down; exit $$rc
 
@@ -88,7 +88,7 @@ manifests-artifact:
 # chart, the Flux manifests artifact and SHA256SUMS. `make publish` (same
 # VERSION and REGISTRY) pushes that bundle by digest. The release workflow
 # runs exactly these two targets on a version tag.
-.PHONY: release publish chart-check
+.PHONY: release publish chart-check crate-check
 release:
 	@[ -n "$(VERSION)" ] && [ -n "$(REGISTRY)" ] || \
 	  { echo "make release VERSION=X.Y.Z REGISTRY=<host>[:port]/<owner>" >&2; exit 2; }
@@ -104,3 +104,10 @@ publish:
 # once (from its Go module, into the control plane's cache).
 chart-check:
 	release/check
+
+# The producer kit (crates/openflux-api) as the crate registry would take
+# it: packaged alone and built from the package (`cargo publish --dry-run`,
+# nothing uploaded); docs/http-source.md tells producers to depend on it.
+# Part of `make test`.
+crate-check:
+	$(CARGO) publish --dry-run -p openflux-api
