@@ -49,26 +49,17 @@ fn target_dir() -> PathBuf {
         .map_or_else(|| workspace_root().join("target"), PathBuf::from)
 }
 
-/// Packs `openflux` (and `http_source`) as images with the packer of
-/// `tree`, and pushes the openflux image as `openflux:<tag>`: its reference
-/// by digest.
-fn pack_and_push(env: &Env, tree: &Path, openflux: &Path, http_source: &Path, tag: &str) -> String {
+/// This build's images (`images/build`, as `make images` builds them: a
+/// no-op when they are fresh), openflux pushed as `openflux:current`: its
+/// reference by digest.
+pub fn current_image(env: &Env) -> String {
+    let root = workspace_root();
     let work = tempfile::tempdir().expect("a temp dir");
-    let release = work.path().join("release");
-    std::fs::create_dir_all(&release).expect("a release dir");
-    for (bin, name) in [
-        (openflux, "openflux"),
-        (http_source, "openflux-http-source"),
-    ] {
-        std::fs::copy(bin, release.join(name))
-            .unwrap_or_else(|e| panic!("copying {}: {e}", bin.display()));
-    }
     let out = work.path().join("images");
     run(
-        "images/build --no-cargo",
-        Command::new(tree.join("images/build"))
-            .arg("--no-cargo")
-            .env("CARGO_TARGET_DIR", work.path())
+        "images/build",
+        crate::openflux::without_test_env(&mut Command::new(root.join("images/build")))
+            .current_dir(&root)
             .env("IMAGES_OUT", &out),
     );
     let digest_file = work.path().join("openflux.digest");
@@ -83,29 +74,10 @@ fn pack_and_push(env: &Env, tree: &Path, openflux: &Path, http_source: &Path, ta
                 "oci-archive:{}",
                 out.join("openflux.oci.tar").display()
             ))
-            .arg(format!("docker://{registry}/openflux:{tag}")),
+            .arg(format!("docker://{registry}/openflux:current")),
     );
     let digest = std::fs::read_to_string(&digest_file).expect("skopeo's digest file");
     format!("{registry}/openflux@{}", digest.trim())
-}
-
-/// This build's release binaries (`images/build`, a no-op when they are
-/// fresh), openflux pushed as `openflux:current`.
-pub fn current_image(env: &Env) -> String {
-    let root = workspace_root();
-    run(
-        "images/build",
-        crate::openflux::without_test_env(&mut Command::new(root.join("images/build")))
-            .current_dir(&root),
-    );
-    let release = target_dir().join("release");
-    pack_and_push(
-        env,
-        &root,
-        &release.join("openflux"),
-        &release.join("openflux-http-source"),
-        "current",
-    )
 }
 
 /// A release published to the nodes cell's registry.
