@@ -34,6 +34,11 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("object has no {0}")]
     MissingField(&'static str),
+    /// Not failed, but not done yet: the look waits for another
+    /// controller's work (an export to be written) and is tried again
+    /// after its backoff.
+    #[error("{0}")]
+    Waiting(String),
     /// A defect in openflux: the reconcile panicked.
     #[error("the reconcile panicked: {0}")]
     Panicked(String),

@@ -43,11 +43,16 @@ pub struct Sinks {
 
 type Watched = HashMap<&'static str, (ApiResource, Store<DynamicObject>)>;
 
+/// The exported objects by kind, as the leader's watches of the export
+/// targets hold them.
+type Exports = HashMap<String, (ApiResource, Store<DynamicObject>)>;
+
 /// The watched consumer kinds, shared by the leader (which starts the
 /// watches) and the re-pointing worker (which reads their stores).
 #[derive(Clone, Default)]
 pub struct Consumers {
     watched: Arc<RwLock<Watched>>,
+    exports: Arc<RwLock<Exports>>,
 }
 
 impl Consumers {
@@ -99,6 +104,20 @@ impl Consumers {
         }
     }
 
+    /// Reads the exported objects of `resource`'s kind from `store` (the
+    /// leader's watch of that export target): a consumer is moved to an
+    /// export only once that store holds it with its Artifact.
+    pub fn read_exports(&self, resource: &ApiResource, store: Store<DynamicObject>) {
+        locks::write(&self.exports).insert(resource.kind.clone(), (resource.clone(), store));
+    }
+
+    /// The exported object `key` names, as the watch of its kind holds it.
+    fn export(&self, key: &ObjectKey) -> Option<Arc<DynamicObject>> {
+        let exports = locks::read(&self.exports);
+        let (resource, store) = exports.get(&key.kind)?;
+        store.get(&ObjectRef::new_with(&key.name, resource.clone()).within(&key.namespace))
+    }
+
     /// The consumers of `consumer`'s kind as its watch holds them (see
     /// [`slim`]), `None` while that kind is not watched.
     pub fn objects(&self, consumer: &Consumer) -> Option<Vec<Arc<DynamicObject>>> {
@@ -139,12 +158,16 @@ impl Consumers {
             ctx.retry,
             shutdown,
             |(consumer, namespace, name): &Look| (consumer.kind, namespace.clone(), name.clone()),
-            move |one| async move { this.look(ctx, &one).await.map_err(Error::from) },
-            |(consumer, namespace, name), error, delay| {
-                tracing::warn!(
+            move |one| async move { this.look(ctx, &one).await },
+            |(consumer, namespace, name), error, delay| match error {
+                Error::Waiting(why) => tracing::info!(
+                    consumer = consumer.kind, %namespace, %name, retry_in = ?delay,
+                    "not re-pointed yet: {why}"
+                ),
+                error => tracing::warn!(
                     consumer = consumer.kind, %namespace, %name, %error, retry_in = ?delay,
                     "cannot re-point a consumer; retrying"
-                );
+                ),
             },
         )
         .await;
@@ -152,12 +175,9 @@ impl Consumers {
 
     /// Re-points one consumer if its target changed: patches its
     /// references (the webhook leaves a stock-kind reference alone), on
-    /// condition that it is still the version decided on.
-    async fn look(
-        &self,
-        ctx: &Context,
-        (consumer, namespace, name): &Look,
-    ) -> Result<(), kube::Error> {
+    /// condition that it is still the version decided on, once the exports
+    /// it moves to hold their Artifacts ([`Error::Waiting`] until then).
+    async fn look(&self, ctx: &Context, (consumer, namespace, name): &Look) -> Result<(), Error> {
         let Some((resource, store)) = locks::read(&self.watched).get(consumer.kind).cloned() else {
             return Ok(());
         };
@@ -169,7 +189,7 @@ impl Consumers {
             // Another shard's consumer: that shard re-points it.
             return Ok(());
         }
-        let value = serde_json::to_value(&*object).map_err(kube::Error::SerdeError)?;
+        let value = serde_json::to_value(&*object)?;
         // Decided with no SourcePolicy and the default options on purpose:
         // a re-point keeps a reference its author already had admitted,
         // pointed where openflux exports it now. Whether it may still point
@@ -194,6 +214,9 @@ impl Consumers {
                 return Ok(());
             }
         };
+        if let Some(why) = waiting_for(&moved.exports, |key| self.export(key)) {
+            return Err(Error::Waiting(why));
+        }
         let patch = with_precondition(moved.patch.clone(), object.resource_version().as_deref());
         let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), namespace, &resource);
         match api
@@ -214,9 +237,36 @@ impl Consumers {
                 tracing::info!(consumer = consumer.kind, %namespace, %name, "consumer changed while being re-pointed; deciding again on its new version");
                 Ok(())
             }
-            Err(error) => Err(error),
+            Err(error) => Err(error.into()),
         }
     }
+}
+
+/// Why a consumer cannot move to `exports` yet, if it cannot: one of them
+/// is not there, or has no Artifact in its status. A Flux consumer moved
+/// to it now would fail to fetch its source and, as the export is the
+/// same revision it already applied, would not be woken when the Artifact
+/// comes: it would wait for its interval.
+fn waiting_for(
+    exports: &[ObjectKey],
+    find: impl Fn(&ObjectKey) -> Option<Arc<DynamicObject>>,
+) -> Option<String> {
+    exports.iter().find_map(|key| {
+        let ObjectKey {
+            kind,
+            namespace,
+            name,
+        } = key;
+        match find(key) {
+            None => Some(format!(
+                "its export {kind} {namespace}/{name} is not written yet"
+            )),
+            Some(export) if export.data.pointer("/status/artifact").is_none() => Some(format!(
+                "its export {kind} {namespace}/{name} has no Artifact yet"
+            )),
+            Some(_) => None,
+        }
+    })
 }
 
 /// `patch` applied only to the version `resource_version` of the object: the
@@ -356,6 +406,46 @@ mod tests {
         assert_eq!(guarded["metadata"]["annotations"]["a"], "b");
         assert_eq!(guarded["metadata"]["resourceVersion"], "7");
         assert_eq!(with_precondition(patch.clone(), None), patch);
+    }
+
+    #[test]
+    fn a_consumer_moves_only_to_exports_that_hold_their_artifact() {
+        let key = |name: &str| ObjectKey {
+            kind: "OCIRepository".into(),
+            namespace: "apps".into(),
+            name: name.into(),
+        };
+        let export = |name: &str, status: Value| -> Arc<DynamicObject> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "OCIRepository",
+                    "metadata": {"name": name, "namespace": "apps"},
+                    "spec": {"url": "oci://example/web"},
+                    "status": status,
+                }))
+                .unwrap(),
+            )
+        };
+        let held = [
+            export(
+                "ready",
+                json!({"artifact": {"revision": "v1", "digest": "sha256:0"}}),
+            ),
+            export("new", json!({"conditions": []})),
+        ];
+        let find = |k: &ObjectKey| held.iter().find(|o| o.name_any() == k.name).cloned();
+        #[rustfmt::skip]
+        let table: Vec<(&str, Vec<ObjectKey>, Option<&str>)> = vec![
+            ("no export to wait for", vec![], None),
+            ("an export with its Artifact", vec![key("ready")], None),
+            ("an export not written yet", vec![key("ready"), key("gone")],
+                Some("its export OCIRepository apps/gone is not written yet")),
+            ("an export without its Artifact", vec![key("new")],
+                Some("its export OCIRepository apps/new has no Artifact yet")),
+        ];
+        for (case, exports, expect) in table {
+            assert_eq!(waiting_for(&exports, find).as_deref(), expect, "{case}");
+        }
     }
 
     fn kustomization(conditions: Value) -> DynamicObject {

@@ -39,6 +39,10 @@ pub struct Move {
     pub from: Vec<ObjectKey>,
     /// What it points at after the move.
     pub to: Vec<ObjectKey>,
+    /// The exports the decision points it at: the move is made only once
+    /// each is there with its Artifact, as a Flux consumer moved to a
+    /// missing source fails and is not tried again before its interval.
+    pub exports: Vec<ObjectKey>,
 }
 
 /// The objects of stock kinds a consumer's references point at (namespace
@@ -102,6 +106,12 @@ pub fn repoint(
     }
     let from = references(consumer, object);
     let to = references(consumer, &decided);
+    let written = references(consumer, &restored);
+    let exports = to
+        .iter()
+        .filter(|k| !written.contains(k))
+        .cloned()
+        .collect();
     let mut patch = json!({ "metadata": { "annotations": {
         MOVED_FROM_ANNOTATION: serde_json::to_string(&from).map_err(|e| e.to_string())?,
     }}});
@@ -116,7 +126,12 @@ pub fn repoint(
         let map = at.as_object_mut().ok_or("a merge patch is an object")?;
         at = map.entry(part.to_string()).or_insert(value);
     }
-    Ok(Some(Move { patch, from, to }))
+    Ok(Some(Move {
+        patch,
+        from,
+        to,
+        exports,
+    }))
 }
 
 /// `object` with each reference openflux rewrote put back as written, or
@@ -320,10 +335,11 @@ mod tests {
                     (Expect::Stays, Ok(None)) => {}
                     (Expect::Moves { from, to }, Ok(Some(moved))) => {
                         assert_eq!(
-                            (moved.from, moved.to),
-                            (vec![from.clone()], vec![to.clone()]),
+                            (moved.from, &moved.to),
+                            (vec![from.clone()], &vec![to.clone()]),
                             "{what}"
                         );
+                        assert_eq!(moved.exports, moved.to, "{what}: it waits for its export");
                         let mut after = object.clone();
                         json_patch::merge(&mut after, &moved.patch);
                         let now = references(consumer, &after);

@@ -251,6 +251,8 @@ impl Controllers {
             if !self.targets.contains_key(&target) {
                 let resource = target_resource(target);
                 let watched = self.watch_exports(&resource);
+                self.consumers
+                    .read_exports(&resource, watched.exports.clone());
                 self.targets.insert(target, watched);
             }
         }

@@ -789,3 +789,109 @@ async fn an_edit_made_while_a_consumer_is_re_pointed_survives() {
     );
     ns.delete().await;
 }
+
+/// A consumer is moved to its new export only once that export holds its
+/// Artifact. Moved earlier, Flux finds no source to fetch and, the export
+/// carrying the revision the consumer already applied, is not woken when
+/// the Artifact comes: the consumer would wait for its interval. A proxy in
+/// front of openflux holds its writes of exports; the consumer of an
+/// earlier export is left where it is meanwhile, and moved (and applied)
+/// once the export is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_is_moved_only_to_an_export_that_holds_its_artifact() {
+    use support::openflux::Openflux;
+    use support::proxy::ApiProxy;
+
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("repoint-wait").await;
+    let n = ns.name().to_string();
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
+    let spec = publish(
+        env.fixtures(),
+        &n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml("waited"))],
+    );
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, &n, "web", "web", &uid, &spec,
+    ))
+    .await
+    .expect("writing the Artifact");
+    // A consumer an earlier release rewrote to `<kind>-<name>`.
+    let mut earlier = kustomization(
+        &n,
+        "web",
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
+    );
+    earlier["metadata"]["annotations"] = json!({
+        "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
+    });
+    env.apply(&earlier).await.expect("the consumer");
+
+    let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
+    let proxy = ApiProxy::start(&identity).await;
+    let exports = [
+        format!("/namespaces/{n}/externalartifacts"),
+        format!("/namespaces/{n}/ocirepositories"),
+    ];
+    proxy.hold_writes_to_any(&[&exports[0], &exports[1]]);
+    let of = Openflux::start_as(
+        &env,
+        &n,
+        &["--watch-all-namespaces=false", &format!("--namespace={n}")],
+        Some(proxy.kubeconfig()),
+    )
+    .await;
+    let moves = || -> Vec<support::proxy::Write> {
+        proxy
+            .writes()
+            .into_iter()
+            .filter(|w| w.method == "PATCH" && w.path.contains("/kustomizations/web?"))
+            .collect()
+    };
+    wait_for(
+        "openflux to look at web while its export is held",
+        TIMEOUT,
+        || async {
+            let waiting = of.log_tail(400).contains("not re-pointed yet");
+            (proxy.held() >= 1 && (waiting || !moves().is_empty())).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        moves().is_empty(),
+        "web was moved before its export was written: {:#?}",
+        moves()
+    );
+
+    proxy.release();
+    let (_, export) = wait_export(&env, &n, "web", |_| true).await;
+    let expected = reference_to(&export);
+    wait_for("web to be moved", TIMEOUT, || async {
+        let ks = env.find(KUSTOMIZE, "Kustomization", &n, "web").await?;
+        (field(&ks, "/spec/sourceRef") == Some(&expected)).then_some(())
+    })
+    .await;
+    support::configmap_holds(&env, &n, "app-config", "waited", TIMEOUT).await;
+    let writes = proxy.writes();
+    let artifact_written = writes
+        .iter()
+        .filter(|w| w.path.contains(&format!("/{}/status", export.name_any())))
+        .filter(|w| w.status.is_some_and(|s| s < 300))
+        .filter_map(|w| w.answered)
+        .min()
+        .expect("openflux wrote the export's status");
+    let moved = writes
+        .iter()
+        .find(|w| {
+            w.method == "PATCH" && w.path.contains("/kustomizations/web?") && w.status == Some(200)
+        })
+        .expect("openflux's patch that moved web");
+    assert!(
+        moved.sent > artifact_written,
+        "web was moved before its export held its Artifact: {writes:#?}"
+    );
+    ns.delete().await;
+}

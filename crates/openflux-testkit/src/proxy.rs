@@ -45,9 +45,9 @@ pub struct Write {
 struct Rules {
     /// How long the answer to each write is held once it came.
     delay_answers: Duration,
-    /// Writes whose path contains this are held before they are sent on,
-    /// until [`ApiProxy::release`].
-    hold_before_sending: Option<String>,
+    /// Writes whose path contains one of these are held before they are
+    /// sent on, until [`ApiProxy::release`].
+    hold_before_sending: Vec<String>,
 }
 
 struct State {
@@ -131,7 +131,14 @@ impl ApiProxy {
     /// Holds each later write whose path contains `path_part` before it is
     /// sent on, until [`Self::release`].
     pub fn hold_writes_to(&self, path_part: &str) {
-        self.state.rules.lock().unwrap().hold_before_sending = Some(path_part.to_string());
+        self.hold_writes_to_any(&[path_part]);
+    }
+
+    /// [`Self::hold_writes_to`] for writes whose path contains any of
+    /// `path_parts`.
+    pub fn hold_writes_to_any(&self, path_parts: &[&str]) {
+        self.state.rules.lock().unwrap().hold_before_sending =
+            path_parts.iter().map(|p| p.to_string()).collect();
     }
 
     /// Writes held by [`Self::hold_writes_to`] so far.
@@ -141,7 +148,7 @@ impl ApiProxy {
 
     /// Sends the held writes on and holds no more.
     pub fn release(&self) {
-        self.state.rules.lock().unwrap().hold_before_sending = None;
+        self.state.rules.lock().unwrap().hold_before_sending.clear();
         self.state.released.send_modify(|n| *n += 1);
     }
 
@@ -213,7 +220,7 @@ async fn forward(state: Arc<State>, req: Request<Incoming>) -> Result<Response<B
     let write = is_write(&parts.method) && !lease;
     if write {
         let hold = state.rules.lock().unwrap().hold_before_sending.clone();
-        if hold.is_some_and(|part| path.contains(&part)) {
+        if hold.iter().any(|part| path.contains(part.as_str())) {
             let mut released = state.released.subscribe();
             state.held.send_modify(|n| *n += 1);
             let _ = released.changed().await;
