@@ -192,6 +192,23 @@ pub fn published_bundle(env: &Env) -> &'static Bundle {
 
 static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
 
+/// Where builds of fixed inputs stay between runs and clones: the e2e
+/// build cache of e2e/cluster (`OPENFLUX_E2E_CACHE`, by default
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/openflux-e2e`).
+fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OPENFLUX_E2E_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+            PathBuf::from(home).join(".cache")
+        },
+        PathBuf::from,
+    );
+    cache.join("openflux-e2e")
+}
+
 /// The previous release (`OPENFLUX_PREVIOUS_RELEASE`), made by its own
 /// `make release` in a clone at its commit and pushed by its own `make
 /// publish` to `<cell registry>/previous`, once per test process. Three
@@ -199,32 +216,39 @@ static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
 /// signatures (`SIGN=0`; the kubectl and Helm paths verify none), this
 /// machine's platform alone, and the release profile's optimisation and
 /// link-time work turned off (`CARGO_PROFILE_RELEASE_*`), so its cold build
-/// takes a debug build's time. Its clone and target dir stay under
-/// `target/previous-release/` between runs.
+/// takes a debug build's time. A fixed commit builds to the same bundle,
+/// so its clone and target dir stay in the e2e build cache (as the
+/// control plane's binaries do): a second run, from any clone, builds
+/// nothing again.
 pub fn previous_bundle(env: &Env) -> &'static Bundle {
     PREVIOUS.get_or_init(|| {
         let commit = previous_commit();
         let root = workspace_root();
-        let base = target_dir().join("previous-release");
+        let base = cache_root().join("previous-release");
         let tree = base.join(&commit[..12]);
         if !tree.join(".git").exists() {
-            // An older layout kept an unpacked archive here.
-            let _ = std::fs::remove_dir_all(&tree);
+            // Cloned and checked out aside, then moved in whole: a run cut
+            // short leaves no half tree to build from.
             std::fs::create_dir_all(&base).expect("the previous release's dir");
+            let aside = base.join(format!(".{}.{}", &commit[..12], std::process::id()));
+            let _ = std::fs::remove_dir_all(&aside);
             run(
                 "git clone of this repository for the previous release",
                 Command::new("git")
-                    .args(["clone", "--quiet", "--shared", "--no-checkout"])
+                    .args(["clone", "--quiet", "--no-checkout"])
                     .arg(&root)
-                    .arg(&tree),
+                    .arg(&aside),
             );
             run(
                 "git checkout of the previous release (a clone with full history is needed)",
                 Command::new("git")
                     .arg("-C")
-                    .arg(&tree)
+                    .arg(&aside)
                     .args(["checkout", "--quiet", "--detach", &commit]),
             );
+            std::fs::rename(&aside, &tree).unwrap_or_else(|e| {
+                panic!("moving {} to {}: {e}", aside.display(), tree.display())
+            });
         }
         let target = base.join("target");
         let registry = format!("{}/previous", registry(env));
