@@ -11,15 +11,15 @@
 //! - [`watch`]: the one watcher loop every watched kind runs (on
 //!   [`streaming`]'s watcher), and the hub that applies what the router decided;
 //! - [`wakes`]: the queue of wakes for the leader, without loss, each once;
-//! - [`leader`]: the leader's mirrors and export controller;
+//! - [`controllers`]: the leader's mirrors and export controller;
 //! - [`decoded`]: objects that cannot be decoded, set aside one at a time;
 //! - [`process`]: the signal handler and the Event recorder;
 //! - [`flags`]: the command line.
 
 pub mod allocator;
+pub mod controllers;
 pub mod flags;
 pub mod hub;
-pub mod leader;
 pub mod process;
 pub mod router;
 pub mod wakes;
@@ -38,8 +38,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use flags::{RunArgs, LEADER_ELECTION_ID};
 
+use self::controllers::Controllers;
 use self::hub::Hub;
-use self::leader::Controllers;
 use self::router::Event;
 use crate::api::Artifact;
 use crate::cluster::facts::Facts;

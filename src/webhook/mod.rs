@@ -21,8 +21,8 @@ pub mod large;
 pub mod limits;
 pub mod metrics;
 pub mod mutate;
-pub mod publish;
 mod refused;
+pub mod registration;
 pub mod review;
 pub mod server;
 pub mod validate;
@@ -246,10 +246,10 @@ pub async fn serve_on(
         }
     }
     if let Some(service) = &args.validating_webhook_service {
-        let (cluster, publication) = publication(&args, service, cluster.as_ref())?;
-        tasks.spawn(publish::keep(
+        let (cluster, registration) = registration_for(&args, service, cluster.as_ref())?;
+        tasks.spawn(registration::keep(
             cluster.client.clone(),
-            publication,
+            registration,
             cluster.events.clone(),
             ca_bundle.clone(),
             cluster.leading.clone(),
@@ -277,11 +277,11 @@ pub async fn serve_on(
 }
 
 /// What `--validating-webhook-service` asks to publish, or why it cannot.
-fn publication<'a>(
+fn registration_for<'a>(
     args: &WebhookArgs,
     service: &str,
     cluster: Option<&'a InCluster>,
-) -> anyhow::Result<(&'a InCluster, publish::Publication)> {
+) -> anyhow::Result<(&'a InCluster, registration::Registration)> {
     let cluster = cluster.context("--validating-webhook-service needs a Kubernetes client")?;
     let namespace = cluster.namespace.clone().context(
         "--validating-webhook-service needs openflux's namespace: pass --namespace or set RUNTIME_NAMESPACE",
@@ -289,13 +289,13 @@ fn publication<'a>(
     let configuration = args.webhook_configuration.first().context(
         "--validating-webhook-service needs --webhook-configuration to name the configuration it publishes",
     )?;
-    let publication = publish::Publication {
+    let registration = registration::Registration {
         configuration: configuration.clone(),
         namespace,
         service: service.to_string(),
         port_name: args.validating_webhook_port.clone(),
     };
-    Ok((cluster, publication))
+    Ok((cluster, registration))
 }
 
 type Served = (Arc<certs::SwappableCert>, watch::Receiver<Vec<u8>>);

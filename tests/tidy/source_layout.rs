@@ -108,7 +108,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::drain", Layer::Shell),
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
-    ("webhook::publish", Layer::Shell),
+    ("webhook::registration", Layer::Shell),
     ("webhook::refused", Layer::Shell),
     ("watch", Layer::Shell),
     ("watch::backoff", Layer::Pure),
@@ -125,8 +125,8 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime", Layer::Runtime),
     ("runtime::allocator", Layer::Runtime),
     ("runtime::flags", Layer::Runtime),
-    ("runtime::leader", Layer::Runtime),
-    ("runtime::leader::dispatch", Layer::Runtime),
+    ("runtime::controllers", Layer::Runtime),
+    ("runtime::controllers::dispatch", Layer::Runtime),
 ];
 
 /// A crate of the workspace: where its code is, and the layer of each of

@@ -32,7 +32,7 @@ const REASON_PUBLISHED: &str = "ValidatingWebhookPublished";
 
 /// What to publish, and where the API server reaches it.
 #[derive(Clone, Debug)]
-pub struct Publication {
+pub struct Registration {
     /// The ValidatingWebhookConfiguration's name.
     pub configuration: String,
     /// openflux's namespace, the Service's.
@@ -46,15 +46,15 @@ pub struct Publication {
 /// `terms` is None) until `stop` turns true or its sender goes away.
 pub async fn keep(
     client: kube::Client,
-    publication: Publication,
+    registration: Registration,
     events: Option<EventRecorder>,
     bundle: watch::Receiver<Vec<u8>>,
     mut terms: Option<watch::Receiver<Option<CancellationToken>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let publisher = Publisher {
+    let registrar = Registrar {
         client,
-        publication,
+        registration,
         events,
     };
     loop {
@@ -64,7 +64,7 @@ pub async fn keep(
         };
         if let Some(term) = term.filter(|t| !t.is_cancelled()) {
             tokio::select! {
-                () = publisher.lead(bundle.clone()) => return,
+                () = registrar.lead(bundle.clone()) => return,
                 () = term.cancelled() => {}
                 _ = stop.changed() => return,
             }
@@ -78,18 +78,18 @@ pub async fn keep(
     }
 }
 
-struct Publisher {
+struct Registrar {
     client: kube::Client,
-    publication: Publication,
+    registration: Registration,
     events: Option<EventRecorder>,
 }
 
-impl Publisher {
+impl Registrar {
     /// Watches the Service's endpoints and the configuration, and writes the
     /// configuration whenever either changes; returns only when a watch
     /// ends (which they do not).
     async fn lead(&self, mut bundle: watch::Receiver<Vec<u8>>) {
-        let p = &self.publication;
+        let p = &self.registration;
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &p.namespace);
         let (endpoints, writer) = reflector::store();
         let selector = format!("kubernetes.io/service-name={}", p.service);
@@ -114,7 +114,7 @@ impl Publisher {
                 && !ours.is_empty()
                 && tokio::time::Instant::now() >= retry_at
             {
-                match self.publish(&ours).await {
+                match self.write(&ours).await {
                     Ok(wrote) => {
                         if let Some(message) = wrote {
                             tracing::info!(configuration = %p.configuration, "{message}");
@@ -168,8 +168,8 @@ impl Publisher {
     }
 
     /// One write if one is needed: what was done, for the log and an Event.
-    async fn publish(&self, ours: &[u8]) -> anyhow::Result<Option<String>> {
-        let p = &self.publication;
+    async fn write(&self, ours: &[u8]) -> anyhow::Result<Option<String>> {
+        let p = &self.registration;
         let services: Api<Service> = Api::namespaced(self.client.clone(), &p.namespace);
         let service = services.get(&p.service).await?;
         let port = configuration::service_port(&service, &p.port_name).ok_or_else(|| {
@@ -227,7 +227,7 @@ impl Publisher {
 
     async fn event(&self, event: FluxEvent) {
         let Some(events) = &self.events else { return };
-        let p = &self.publication;
+        let p = &self.registration;
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Service".into()),
