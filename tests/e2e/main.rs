@@ -11,10 +11,12 @@ mod failover;
 #[path = "../chaos/restart.rs"]
 mod restart;
 
+mod e2e_cells;
 mod e2e_certs;
 mod e2e_compat;
 mod e2e_core;
 mod e2e_failover;
+mod e2e_harness;
 mod e2e_install;
 mod e2e_lockdown;
 mod e2e_matrix;

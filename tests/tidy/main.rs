@@ -1,7 +1,8 @@
 //! Static checks of the tree, one test binary: the README's compatibility
 //! table against the tests it names, the committed CRDs against
 //! the Rust types, the monitoring configuration, the tests docs/security.md
-//! names, and the layout of the source (layers, file lengths).
+//! names, the layout of the source (layers, file lengths), and the
+//! versions the docs name against e2e/versions.env.
 
 mod compatibility;
 mod crds;
@@ -10,3 +11,4 @@ mod monitoring_config;
 mod ready_reasons;
 mod security_doc;
 mod source_layout;
+mod versions_doc;
