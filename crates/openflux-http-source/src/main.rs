@@ -264,7 +264,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let health = Health::default();
 
     let catalog = Arc::new(Catalog::default());
-    let artifacts = serve::router(args.storage_path.clone(), catalog.clone());
+    let artifacts = serve::router(&storage, catalog.clone());
     match mtls {
         None => {
             serve("artifact", args.storage_addr.socket_addr(), artifacts).await?;

@@ -3,24 +3,19 @@
 //!
 //! A file is served only when it is in the [`Catalog`] (the artifacts
 //! stored, or found in storage as a source's published one, by this
-//! process) and is still a regular file in storage: superseded artifacts
-//! stay downloadable while retention keeps them, a deleted source's
-//! artifacts are gone at once, and temporary files, other files and
-//! directories are never served or listed. Anything else is a 404.
+//! process) and is still a regular file in storage, reached through no
+//! link (the producer kit's server, [`Storage::router_serving`]):
+//! superseded artifacts stay downloadable while retention keeps them, a
+//! deleted source's artifacts are gone at once, and temporary files, other
+//! files and directories are never served or listed. Anything else is a
+//! 404.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::Router;
-
-/// Suffix of artifact files.
-const SUFFIX: &str = ".tar.gz";
+use openflux_api::producer::storage::artifact_path;
+use openflux_api::producer::Storage;
 
 /// The artifacts that may be served, by source.
 #[derive(Debug, Default)]
@@ -29,7 +24,7 @@ pub struct Catalog(RwLock<HashMap<(String, String), BTreeSet<String>>>);
 impl Catalog {
     /// Adds an artifact by its storage path, `<namespace>/<name>/<file>`.
     pub fn add(&self, relative: &str) {
-        let Some((namespace, name, file)) = split(relative) else {
+        let Some((namespace, name, file)) = artifact_path(relative) else {
             return;
         };
         let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
@@ -61,86 +56,19 @@ impl Catalog {
     }
 }
 
-fn split(relative: &str) -> Option<(&str, &str, &str)> {
-    let mut parts = relative.splitn(3, '/');
-    let (namespace, name, file) = (parts.next()?, parts.next()?, parts.next()?);
-    (is_object_name(namespace) && is_object_name(name) && is_artifact_file(file))
-        .then_some((namespace, name, file))
-}
-
-/// A DNS-1123 subdomain, as namespaces and object names are.
-fn is_object_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-}
-
-/// `<64 hex>.tar.gz`
-fn is_artifact_file(s: &str) -> bool {
-    s.strip_suffix(SUFFIX).is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
-#[derive(Clone)]
-struct Served {
-    root: PathBuf,
-    catalog: Arc<Catalog>,
-}
-
-/// The router of the artifact server over the storage at `root`.
-pub fn router(root: PathBuf, catalog: Arc<Catalog>) -> Router {
-    Router::new()
-        .route("/{namespace}/{name}/{file}", get(serve))
-        .fallback(|| async { StatusCode::NOT_FOUND })
-        .with_state(Served { root, catalog })
-}
-
-async fn serve(
-    State(served): State<Served>,
-    UrlPath((namespace, name, file)): UrlPath<(String, String, String)>,
-) -> Response {
-    let relative = format!("{namespace}/{name}/{file}");
-    if split(&relative).is_none() || !served.catalog.contains(&namespace, &name, &file) {
-        return StatusCode::NOT_FOUND.into_response();
-    }
-    let path = served.root.join(&namespace).join(&name).join(&file);
-    // A regular file only: never a directory, never through a link.
-    let regular = tokio::fs::symlink_metadata(&path)
-        .await
-        .is_ok_and(|m| m.file_type().is_file());
-    if !regular {
-        return StatusCode::NOT_FOUND.into_response();
-    }
-    match tokio::fs::read(&path).await {
-        Ok(bytes) => {
-            let etag = format!("\"{}\"", file.trim_end_matches(SUFFIX));
-            (
-                [
-                    (header::CONTENT_TYPE, "application/gzip".to_string()),
-                    (header::ETAG, etag),
-                ],
-                bytes,
-            )
-                .into_response()
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => StatusCode::NOT_FOUND.into_response(),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read artifact");
-            StatusCode::INTERNAL_SERVER_ERROR.into_response()
-        }
-    }
+/// The router of the artifact server over `storage`, serving what
+/// `catalog` holds.
+pub fn router(storage: &Storage, catalog: Arc<Catalog>) -> Router {
+    storage.router_serving(move |namespace, name, file| catalog.contains(namespace, name, file))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    /// Suffix of artifact files.
+    const SUFFIX: &str = ".tar.gz";
 
     const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -154,7 +82,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            let _ = axum::serve(listener, router(root, catalog)).await;
+            let storage = Storage::new(root, "unused:80");
+            let _ = axum::serve(listener, router(&storage, catalog)).await;
         });
         format!("http://{addr}")
     }

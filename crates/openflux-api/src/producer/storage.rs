@@ -160,11 +160,27 @@ impl Storage {
         Ok(())
     }
 
-    /// The router of the artifact server.
+    /// The router of the artifact server: every artifact file in storage,
+    /// as a regular file (never a directory, never through a link).
     pub fn router(&self) -> Router {
+        self.router_serving(|_: &str, _: &str, _: &str| true)
+    }
+
+    /// [`Self::router`] serving only the artifacts `allowed(namespace,
+    /// name, file)` admits (the ones the caller keeps a record of, say);
+    /// anything else is a 404, as a file that is not there.
+    pub fn router_serving<F>(&self, allowed: F) -> Router
+    where
+        F: Fn(&str, &str, &str) -> bool + Send + Sync + 'static,
+    {
+        let served = Served {
+            root: self.root.clone(),
+            allowed: std::sync::Arc::new(allowed),
+        };
         Router::new()
             .route("/{namespace}/{name}/{file}", get(serve))
-            .with_state(self.clone())
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .with_state(served)
     }
 }
 
@@ -268,14 +284,53 @@ fn is_artifact_file(s: &str) -> bool {
     })
 }
 
+/// Whether the server may serve `(namespace, name, file)`.
+type Allowed = dyn Fn(&str, &str, &str) -> bool + Send + Sync;
+
+/// What the artifact server serves.
+#[derive(Clone)]
+struct Served {
+    root: PathBuf,
+    allowed: std::sync::Arc<Allowed>,
+}
+
+/// `<namespace>/<name>/<file>` of a storage-relative artifact path, when
+/// it is one: namespace and name as Kubernetes names them, the file
+/// `<64 hex>.tar.gz`.
+pub fn artifact_path(relative: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = relative.splitn(3, '/');
+    let (namespace, name, file) = (parts.next()?, parts.next()?, parts.next()?);
+    (is_object_name(namespace) && is_object_name(name) && is_artifact_file(file))
+        .then_some((namespace, name, file))
+}
+
 async fn serve(
-    State(storage): State<Storage>,
+    State(served): State<Served>,
     UrlPath((namespace, name, file)): UrlPath<(String, String, String)>,
 ) -> Response {
-    if !is_object_name(&namespace) || !is_object_name(&name) || !is_artifact_file(&file) {
+    let relative = format!("{namespace}/{name}/{file}");
+    if artifact_path(&relative).is_none() || !(served.allowed)(&namespace, &name, &file) {
         return StatusCode::NOT_FOUND.into_response();
     }
-    let path = storage.root.join(&namespace).join(&name).join(&file);
+    let path = served.root.join(&relative);
+    // A regular file only, and no link on the way: a link in storage may
+    // point anywhere on the disk.
+    let mut at = served.root.clone();
+    for part in [&namespace, &name, &file] {
+        at.push(part);
+        let last = part == &file;
+        let fine = tokio::fs::symlink_metadata(&at).await.is_ok_and(|m| {
+            let kind = m.file_type();
+            if last {
+                kind.is_file()
+            } else {
+                kind.is_dir()
+            }
+        });
+        if !fine {
+            return StatusCode::NOT_FOUND.into_response();
+        }
+    }
     match tokio::fs::read(&path).await {
         Ok(bytes) => {
             let etag = format!("\"{}\"", file.trim_end_matches(SUFFIX));
@@ -406,5 +461,71 @@ mod tests {
         );
         storage.remove_source("ns", "src").await.unwrap();
         assert!(storage.sources().await.unwrap().is_empty());
+    }
+
+    /// The status of a raw `GET path` (sent exactly as written) to `router`.
+    async fn get_status(router: Router, path: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        server.abort();
+        String::from_utf8_lossy(&response)
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap()
+    }
+
+    /// A link in storage, to a file or as a source's directory, is never
+    /// followed: it may point anywhere on the disk. Nor is what the
+    /// caller's filter leaves out served.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_server_serves_regular_files_only_and_follows_no_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret");
+        std::fs::write(&secret, b"not an artifact").unwrap();
+        std::fs::create_dir_all(outside.path().join("app")).unwrap();
+        std::fs::write(
+            outside.path().join("app").join(format!("{HEX_A}.tar.gz")),
+            b"x",
+        )
+        .unwrap();
+        let storage = Storage::new(dir.path(), "localhost:9090");
+        storage
+            .store(&Storage::relative_path("ns", "app", HEX_A), b"artifact")
+            .await
+            .unwrap();
+        let hex_b = "b".repeat(64);
+        let linked_file = dir.path().join("ns/app").join(format!("{hex_b}.tar.gz"));
+        std::os::unix::fs::symlink(&secret, linked_file).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("app"), dir.path().join("ns/linked"))
+            .unwrap();
+
+        let everything = storage.router();
+        assert_eq!(
+            get_status(everything.clone(), &format!("/ns/app/{HEX_A}.tar.gz")).await,
+            200
+        );
+        for path in [
+            format!("/ns/app/{hex_b}.tar.gz"),
+            format!("/ns/linked/{HEX_A}.tar.gz"),
+            "/ns/app/".to_string(),
+            "/ns".to_string(),
+        ] {
+            assert_eq!(get_status(everything.clone(), &path).await, 404, "{path}");
+        }
+        let none = storage.router_serving(|_: &str, name: &str, _: &str| name != "app");
+        assert_eq!(
+            get_status(none, &format!("/ns/app/{HEX_A}.tar.gz")).await,
+            404
+        );
     }
 }
