@@ -25,9 +25,18 @@ demo-down:
 # (ports 18xxx and 19xxx; the lockdown cell of tests/e2e/e2e_lockdown.rs 21xxx;
 # see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
+#
+# The release build of the images (what the image tests and the nodes cell
+# install) starts beside the tests at the lowest CPU priority: it takes the
+# CPU the tests on the local control plane leave idle while they wait on
+# reconciles, and the first test that needs the images waits for cargo's
+# lock on it. Its log: target/images-prebuild.log; stopped (with its
+# cargo) when the tests end.
 test: lint crate-check cluster-up chart-check
-	$(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
-	  rc=$$?; $(CLUSTER) cells down; exit $$rc
+	@mkdir -p target; \
+	  CARGO="$(CARGO)" setsid nice -n 19 images/build --cargo-only > target/images-prebuild.log 2>&1 & prebuild=$$!; \
+	  $(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
+	  rc=$$?; kill -- -$$prebuild 2>/dev/null; wait $$prebuild; $(CLUSTER) cells down; exit $$rc
 
 # The nodes cell's tests alone (tests/e2e_nodes/; `make test` runs them
 # with the rest): two real nodes (kubelet, containerd, runc) on a control
