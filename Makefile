@@ -26,17 +26,24 @@ demo-down:
 # see e2e/lib/cells.sh), one at a time; they are
 # stopped at the end, whether the tests passed or not.
 #
-# The release build of the images (what the image tests and the nodes cell
-# install) starts beside the tests at the lowest CPU priority: it takes the
-# CPU the tests on the local control plane leave idle while they wait on
-# reconciles, and the first test that needs the images waits for cargo's
-# lock on it. Its log: target/images-prebuild.log; stopped (with its
-# cargo) when the tests end.
-test: lint crate-check cluster-up chart-check
-	@mkdir -p target; \
-	  CARGO="$(CARGO)" setsid nice -n 19 images/build --cargo-only > target/images-prebuild.log 2>&1 & prebuild=$$!; \
-	  $(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); \
-	  rc=$$?; kill -- -$$prebuild 2>/dev/null; wait $$prebuild; $(CLUSTER) cells down; exit $$rc
+# Two builds run beside the tests, one after the other, at the lowest CPU
+# priority, in the CPU the end-to-end tests leave idle while they wait on
+# reconciles: the images' release build (what the image tests and the
+# nodes cell install; the first test that needs it waits on cargo's lock)
+# and the producer kit's check (`make crate-check`), whose failure fails
+# `make test` at the end. Their logs: target/images-prebuild.log,
+# target/crate-check.log. When a test fails they are stopped.
+test: lint cluster-up chart-check
+	@mkdir -p target; rm -f target/crate-check.rc; \
+	  CARGO="$(CARGO)" setsid nice -n 19 sh -c '\
+	    images/build --cargo-only > target/images-prebuild.log 2>&1; \
+	    $(CARGO) publish --dry-run -p openflux-api > target/crate-check.log 2>&1; \
+	    echo $$? > target/crate-check.rc' & beside=$$!; \
+	  $(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); rc=$$?; \
+	  [ $$rc -eq 0 ] || kill -- -$$beside 2>/dev/null; wait $$beside; \
+	  if [ $$rc -eq 0 ] && [ "$$(cat target/crate-check.rc 2>/dev/null)" != 0 ]; then \
+	    cat target/crate-check.log; echo "make crate-check failed (above)" >&2; rc=1; fi; \
+	  $(CLUSTER) cells down; exit $$rc
 
 # The nodes cell's tests alone (tests/e2e_nodes/; `make test` runs them
 # with the rest): two real nodes (kubelet, containerd, runc) on a control
