@@ -770,7 +770,17 @@ async fn an_edit_made_while_a_consumer_is_re_pointed_survives() {
         Some(&theirs),
         "the person's reference was overwritten"
     );
-    let web = patches_of("web");
+    // The API server applies a patch before the proxy has read its answer:
+    // the move can show before the proxy records the patch that made it.
+    let web = wait_for(
+        "the proxy to record the answers to web's patches",
+        TIMEOUT,
+        || async {
+            let web = patches_of("web");
+            web.iter().all(|w| w.status.is_some()).then_some(web)
+        },
+    )
+    .await;
     assert_eq!(
         web.first().and_then(|w| w.status),
         Some(409),
@@ -875,7 +885,21 @@ async fn a_consumer_is_moved_only_to_an_export_that_holds_its_artifact() {
     })
     .await;
     support::configmap_holds(&env, &n, "app-config", "waited", TIMEOUT).await;
-    let writes = proxy.writes();
+    // The move can show before the proxy records the answer to its patch.
+    let writes = wait_for(
+        "the proxy to record the patch that moved web",
+        TIMEOUT,
+        || async {
+            let writes = proxy.writes();
+            let recorded = writes.iter().any(|w| {
+                w.method == "PATCH"
+                    && w.path.contains("/kustomizations/web?")
+                    && w.status == Some(200)
+            });
+            recorded.then_some(writes)
+        },
+    )
+    .await;
     let artifact_written = writes
         .iter()
         .filter(|w| w.path.contains(&format!("/{}/status", export.name_any())))
