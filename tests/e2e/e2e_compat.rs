@@ -69,6 +69,39 @@ async fn wait_ready(
     .await
 }
 
+/// TestSource `web` in `n`, its Artifact written by its producer with a
+/// ConfigMap whose message is `message`; the Artifact as applied.
+async fn web_with_artifact(env: &Env, n: &str, message: &str) -> kube::core::DynamicObject {
+    let uid = writers::test_source(env, TEST_GROUP, n, "web").await;
+    let spec = publish(
+        env.fixtures(),
+        n,
+        "web",
+        "v1",
+        &[("configmap.yaml", &support::configmap_yaml(message))],
+    );
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, n, "web", "web", &uid, &spec,
+    ))
+    .await
+    .expect("writing the Artifact")
+}
+
+/// Kustomization `name` in `n` as an earlier release rewrote a reference
+/// to TestSource `web`: pointed at the `testsource-web` ExternalArtifact,
+/// the reference as written recorded in its annotation.
+fn rewritten_earlier(n: &str, name: &str) -> Value {
+    let mut old = kustomization(
+        n,
+        name,
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
+    );
+    old["metadata"]["annotations"] = json!({
+        "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
+    });
+    old
+}
+
 /// An Open Flux producer writes its own Artifact kind, owned by its source;
 /// an unchanged Kustomization referencing that source deploys it. Both API
 /// groups Open Flux has used, with and without the controller flag.
@@ -256,15 +289,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
     }))
     .await
     .expect("the earlier export");
-    let mut old = kustomization(
-        &n,
-        "web",
-        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
-    );
-    old["metadata"]["annotations"] = json!({
-        "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
-    });
-    env.apply(&old)
+    env.apply(&rewritten_earlier(&n, "web"))
         .await
         .expect("the consumer an earlier release rewrote");
 
@@ -650,32 +675,10 @@ async fn an_edit_made_while_a_consumer_is_re_pointed_survives() {
     install(&env, &[]).await;
     let ns = env.namespace("repoint-race").await;
     let n = ns.name().to_string();
-    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
-    let spec = publish(
-        env.fixtures(),
-        &n,
-        "web",
-        "v1",
-        &[("configmap.yaml", &support::configmap_yaml("raced"))],
-    );
-    env.apply(&writers::owned_artifact(
-        TEST_GROUP, &n, "web", "web", &uid, &spec,
-    ))
-    .await
-    .expect("writing the Artifact");
-    // A consumer an earlier release rewrote to `<kind>-<name>`: openflux
-    // re-points it to the current export.
-    let earlier = |name: &str| {
-        let mut old = kustomization(
-            &n,
-            name,
-            json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
-        );
-        old["metadata"]["annotations"] = json!({
-            "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
-        });
-        old
-    };
+    web_with_artifact(&env, &n, "raced").await;
+    // Consumers an earlier release rewrote to `<kind>-<name>`: openflux
+    // re-points them to the current export.
+    let earlier = |name: &str| rewritten_earlier(&n, name);
     let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
     let proxy = ApiProxy::start(&identity).await;
     let _of = Openflux::start_as(
@@ -816,28 +819,8 @@ async fn a_consumer_is_moved_only_to_an_export_that_holds_its_artifact() {
     install(&env, &[]).await;
     let ns = env.namespace("repoint-wait").await;
     let n = ns.name().to_string();
-    let uid = writers::test_source(&env, TEST_GROUP, &n, "web").await;
-    let spec = publish(
-        env.fixtures(),
-        &n,
-        "web",
-        "v1",
-        &[("configmap.yaml", &support::configmap_yaml("waited"))],
-    );
-    env.apply(&writers::owned_artifact(
-        TEST_GROUP, &n, "web", "web", &uid, &spec,
-    ))
-    .await
-    .expect("writing the Artifact");
-    // A consumer an earlier release rewrote to `<kind>-<name>`.
-    let mut earlier = kustomization(
-        &n,
-        "web",
-        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact", "name": "testsource-web"}),
-    );
-    earlier["metadata"]["annotations"] = json!({
-        "openflux.dev/source-ref": format!(r#"{{"apiVersion":"{TEST_SOURCE}","kind":"TestSource","name":"web"}}"#)
-    });
+    web_with_artifact(&env, &n, "waited").await;
+    let earlier = rewritten_earlier(&n, "web");
     env.apply(&earlier).await.expect("the consumer");
 
     let identity = support::identity::openflux_kubeconfig(&env).expect("a kubeconfig for openflux");
