@@ -146,6 +146,19 @@ async fn installed_with_kubectl_from_install_yaml_then_uninstalled_to_nothing() 
     let env = support::cell(Cell::Nodes).await;
     let bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
     tokio::task::block_in_place(|| from_nothing(&env, bundle));
+    // Each image install.yaml names is an index of both platforms; the
+    // nodes pull the one of their own.
+    let manifest = std::fs::read_to_string(bundle.dir.join("install.yaml")).expect("install.yaml");
+    let images: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .collect();
+    assert!(images.len() >= 2, "install.yaml names {images:?}");
+    for image in images {
+        assert!(image.contains("@sha256:"), "{image} is not named by digest");
+        let platforms = tokio::task::block_in_place(|| bundle.index_platforms(image));
+        assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{image}");
+    }
     let install = doc_block(bundle, "## kubectl", "sh");
     assert!(install.contains("install.yaml"), "{install}");
     tokio::task::block_in_place(|| sh(&env, bundle, &install));

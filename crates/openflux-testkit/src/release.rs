@@ -136,8 +136,7 @@ fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> B
     let mut release = Command::new(tree.join("release/release"));
     crate::openflux::without_test_env(&mut release)
         .args([&version, registry])
-        .current_dir(tree)
-        .env("PLATFORMS", this_platform());
+        .current_dir(tree);
     let mut publish = Command::new(tree.join("release/publish"));
     publish
         .args([&version, registry])
@@ -174,20 +173,61 @@ static BUNDLE: OnceLock<Bundle> = OnceLock::new();
 /// This tree released as `make release` does and pushed as `make publish`
 /// does to the cell's registry (plain HTTP), once per test process:
 /// signed, with install.yaml, the chart and the manifests artifact, all
-/// naming the images by digest. Two differences from a release, both said:
-/// a tree with uncommitted changes is allowed (`ALLOW_DIRTY=1`), and the
-/// images are this machine's platform alone (`PLATFORMS`), sparing the
-/// arm64 cross build; this machine's binaries are the ones `make images`
-/// built.
+/// naming the images by digest, each image an index of linux/amd64 and
+/// linux/arm64. Two differences from a release, both said: a tree with
+/// uncommitted changes is allowed (`ALLOW_DIRTY=1`), and the arm64
+/// binaries are built without the release profile's optimisation
+/// (`QUICK_CROSS=1`: a debug build's time, not the 17 minutes of an
+/// optimised cross build); release/release still checks that they are
+/// aarch64 and runs their `--version` under qemu. This machine's binaries
+/// are the ones `make images` built.
 pub fn published_bundle(env: &Env) -> &'static Bundle {
     BUNDLE.get_or_init(|| {
         let registry = format!("{}/release", registry(env));
         release_and_publish(
             &workspace_root(),
             &registry,
-            &[("ALLOW_DIRTY", OsStr::new("1"))],
+            &[
+                ("ALLOW_DIRTY", OsStr::new("1")),
+                ("QUICK_CROSS", OsStr::new("1")),
+            ],
         )
     })
+}
+
+impl Bundle {
+    /// The platforms (`os/architecture`) of the image index `reference`
+    /// (`<registry>/<name>@sha256:...`) as the registry serves it, sorted;
+    /// panics when it is not an image index.
+    pub fn index_platforms(&self, reference: &str) -> Vec<String> {
+        let raw = run(
+            &format!("skopeo inspect --raw {reference}"),
+            Command::new("skopeo")
+                .args(["inspect", "--raw", "--tls-verify=false"])
+                .arg(format!("docker://{reference}")),
+        );
+        let index: serde_json::Value =
+            serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("{reference} is not JSON: {e}"));
+        assert_eq!(
+            index["mediaType"], "application/vnd.oci.image.index.v1+json",
+            "{reference} is not an OCI image index: {index}"
+        );
+        let mut platforms: Vec<String> = index["manifests"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{reference} lists no manifests: {index}"))
+            .iter()
+            .filter_map(|m| {
+                let p = &m["platform"];
+                Some(format!(
+                    "{}/{}",
+                    p["os"].as_str()?,
+                    p["architecture"].as_str()?
+                ))
+            })
+            .collect();
+        platforms.sort();
+        platforms
+    }
 }
 
 static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
@@ -258,6 +298,7 @@ pub fn previous_bundle(env: &Env) -> &'static Bundle {
             &[
                 ("CARGO_TARGET_DIR", target.as_os_str()),
                 ("SIGN", OsStr::new("0")),
+                ("PLATFORMS", OsStr::new(this_platform())),
                 ("CARGO_PROFILE_RELEASE_OPT_LEVEL", OsStr::new("0")),
                 ("CARGO_PROFILE_RELEASE_LTO", OsStr::new("false")),
                 ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", OsStr::new("16")),
