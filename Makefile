@@ -20,33 +20,22 @@ demo:
 demo-down:
 	e2e/demo stop
 
-# The end-to-end tests of the Flux matrix (tests/e2e/e2e_matrix.rs)
-# start the matrix cells, more control planes with other Flux lines or gates
-# (ports 18xxx and 19xxx; the lockdown cell of tests/e2e/e2e_lockdown.rs 21xxx;
-# see e2e/lib/cells.sh), one at a time; they are
-# stopped at the end, whether the tests passed or not.
-#
-# Two builds run beside the tests, one after the other, at the lowest CPU
-# priority, in the CPU the end-to-end tests leave idle while they wait on
-# reconciles: the images' release build (what the image tests and the
-# nodes cell install; the first test that needs it waits on cargo's lock)
-# and the producer kit's check (`make crate-check`), whose failure fails
-# `make test` at the end. Their logs: target/images-prebuild.log,
-# target/crate-check.log. When a test fails they are stopped.
+# Every test (e2e/test-all): the end-to-end tests of the Flux matrix
+# (tests/e2e/e2e_matrix.rs) start the matrix cells, more control planes with
+# other Flux lines or gates (ports 18xxx and 19xxx; the lockdown cell of
+# tests/e2e/e2e_lockdown.rs 21xxx; see e2e/lib/cells.sh), one at a time; the
+# nodes cell's tests (ports 20xxx) run in a process of their own beside the
+# others. Two builds run beside the tests at the lowest CPU priority, in
+# the CPU the tests leave idle while they wait on reconciles: the images'
+# release build for both platforms (what the image tests and the nodes
+# cell install) and the producer kit's check (`make crate-check`), whose
+# failure fails `make test` at the end. Every cell is stopped at the end,
+# whether the tests passed or not.
 test: lint cluster-up chart-check
-	@mkdir -p target; rm -f target/crate-check.rc; \
-	  CARGO="$(CARGO)" setsid nice -n 19 sh -c '\
-	    images/build --cargo-only > target/images-prebuild.log 2>&1; \
-	    $(CARGO) publish --dry-run -p openflux-api > target/crate-check.log 2>&1; \
-	    echo $$? > target/crate-check.rc' & beside=$$!; \
-	  $(CARGO) test --workspace --all-targets -- --test-threads=$(TEST_THREADS); rc=$$?; \
-	  [ $$rc -eq 0 ] || kill -- -$$beside 2>/dev/null; wait $$beside; \
-	  if [ $$rc -eq 0 ] && [ "$$(cat target/crate-check.rc 2>/dev/null)" != 0 ]; then \
-	    cat target/crate-check.log; echo "make crate-check failed (above)" >&2; rc=1; fi; \
-	  $(CLUSTER) cells down; exit $$rc
+	CARGO="$(CARGO)" TEST_THREADS=$(TEST_THREADS) e2e/test-all
 
 # The nodes cell's tests alone (tests/e2e_nodes/; `make test` runs them
-# with the rest): two real nodes (kubelet, containerd, runc) on a control
+# beside the rest): two real nodes (kubelet, containerd, runc) on a control
 # plane of their own, Flux as Pods laid out as `flux install` lays it out,
 # openflux installed by the "Install from a clone" and "Install with Flux
 # from a clone" blocks (CONTRIBUTING.md, "Real nodes"). Needs root. The cell is
@@ -67,6 +56,7 @@ chaos: cluster-up
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p openflux --test e2e_nodes -- -D warnings
 
 # The tests' control plane (${TMPDIR:-/tmp}/openflux-e2e, ports 16xxx):
 # builds what is missing (the build log is shown) and starts it.

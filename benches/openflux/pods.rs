@@ -49,10 +49,11 @@ pub async fn run(
         support::nodes::install_as_the_guide_says(&env);
     })?;
     report.param("pods.sizes", sizes);
+    let mut result = Ok(());
     for &n in sizes {
         let ns = env.namespace("bench-pods").await;
         let name = ns.name().to_string();
-        let result = one_size(&env, n, &name, setup_concurrency, report).await;
+        let measured = one_size(&env, n, &name, setup_concurrency, report).await;
         let bound = Duration::from_secs(120 + n as u64 / 20);
         if let Some(took) = cluster::delete_namespace(&env, ns, Some(bound)).await {
             eprintln!(
@@ -60,9 +61,16 @@ pub async fn run(
                 took.as_secs_f64()
             );
         }
-        result.with_context(|| format!("pods benchmark with N={n}"))?;
+        result = measured.with_context(|| format!("pods benchmark with N={n}"));
+        if result.is_err() {
+            break;
+        }
     }
-    Ok(())
+    // The cell is left as it was found, without openflux: the nodes cell's
+    // tests, which `make test` runs in a process beside this one, install
+    // it again when they see it gone.
+    blocking("uninstalling openflux", || support::nodes::uninstall(&env))?;
+    result
 }
 
 async fn one_size(

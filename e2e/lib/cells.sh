@@ -15,9 +15,11 @@
 # included, so several checkouts can run their cells at once.
 #
 # The test kit starts a cell when a test asks for it, reuses a running one
-# and holds the lock file (`cells lock-file`) while a test uses a cell, so
-# tests on cells run one after another. `cells down` stops them all
-# (`make test` and .ci/run do so at the end).
+# and holds the cell's lock file (`cells lock-file NAME`) while a test uses
+# it: the matrix cells share one, so their tests run one after another; the
+# nodes cell has its own, so its tests (a test binary `make test` runs
+# beside the others) run one after another beside them. `cells down` stops
+# them all (`make test` and .ci/run do so at the end).
 #
 # Expects E2E_DIR, say and die.
 
@@ -126,7 +128,7 @@ cells_down() {
 }
 
 cells_usage() {
-  die "usage: $0 cells [list|down|lock-file|state-dirs] | $0 cell NAME up|down|status|env|gates V|build|bin (cells: $(cell_names))"
+  die "usage: $0 cells [list|down|lock-file NAME|state-dirs] | $0 cell NAME up|down|status|env|gates V|build|bin (cells: $(cell_names))"
 }
 
 # cells_main cells|cell ARGS...
@@ -136,8 +138,17 @@ cells_main() {
       case ${2:-list} in
         list) cells_list ;;
         down) cells_down ;;
-        # The lock a test holds while it uses a cell (see the test kit).
-        lock-file) echo "$CELLS_TMP/openflux-e2e-cells-$CELL_PORT_BASE.lock" ;;
+        # The lock a test holds while it uses the cell NAME (see the test
+        # kit): the nodes cell's own, the matrix cells' shared one.
+        lock-file)
+          [ $# -eq 3 ] || cells_usage
+          cell "$3"
+          if [ "$CELL_KIND" = nodes ]; then
+            echo "$CELLS_TMP/openflux-e2e-cell-$3-$CELL_BASE.lock"
+          else
+            echo "$CELLS_TMP/openflux-e2e-cells-$CELL_PORT_BASE.lock"
+          fi
+          ;;
         state-dirs)
           local entry
           for entry in "${CELLS[@]}"; do

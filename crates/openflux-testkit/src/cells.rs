@@ -4,10 +4,12 @@
 //!
 //! [`cell`] starts a cell when a test first asks for it and reuses it while
 //! it runs; `e2e/cluster cells down` stops every cell (`make test` does so
-//! at the end). A test holds its cell, through a lock file shared by all
-//! cells, for as long as it keeps the [`Env`]: tests on cells run one after
-//! another, however many threads or test processes ask, so at most one cell
-//! is busy at a time.
+//! at the end). A test holds its cell, through a lock file, for as long as
+//! it keeps the [`Env`]: the matrix cells share one, so their tests run one
+//! after another, however many threads or test processes ask, and at most
+//! one of them is busy at a time; the nodes cell has its own, so its tests
+//! (a binary `make test` runs beside the others) run one after another
+//! beside them.
 
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
@@ -92,12 +94,14 @@ fn run_script(args: &[&str], envs: &[(&str, &str)]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Takes the cells' lock file (blocking), at most [`CELL_LOCK_TIMEOUT`].
+/// Takes the lock file of the cell `what` (blocking), at most
+/// [`CELL_LOCK_TIMEOUT`].
 async fn hold_cells(what: Cell) -> File {
-    let path = tokio::task::spawn_blocking(|| run_script(&["cells", "lock-file"], &[]))
-        .await
-        .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"))
-        .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"));
+    let path =
+        tokio::task::spawn_blocking(move || run_script(&["cells", "lock-file", what.name()], &[]))
+            .await
+            .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"))
+            .unwrap_or_else(|e| panic!("e2e cell {what}: {e}"));
     let path = PathBuf::from(path.trim());
     let file = OpenOptions::new()
         .create(true)
