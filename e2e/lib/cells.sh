@@ -139,12 +139,14 @@ cells_main() {
         list) cells_list ;;
         down) cells_down ;;
         # The lock a test holds while it uses the cell NAME (see the test
-        # kit): the nodes cell's own, the matrix cells' shared one.
+        # kit): the nodes cell's own, the matrix cells' shared one. Neither
+        # is a cell's <state>.lock, which its `up` and `down` take while
+        # the test holds this one.
         lock-file)
           [ $# -eq 3 ] || cells_usage
           cell "$3"
           if [ "$CELL_KIND" = nodes ]; then
-            echo "$CELLS_TMP/openflux-e2e-cell-$3-$CELL_BASE.lock"
+            echo "$CELLS_TMP/openflux-e2e-cells-$CELL_PORT_BASE-$3.lock"
           else
             echo "$CELLS_TMP/openflux-e2e-cells-$CELL_PORT_BASE.lock"
           fi

@@ -208,4 +208,40 @@ mod tests {
         assert!(script.contains("\"flux27-default|2.7|\""));
         assert!(script.contains(&format!("\"{}|current||lockdown\"", Cell::Lockdown.name())));
     }
+
+    /// A test holds its cell's lock while the cell's `up` and `down` take
+    /// the lock of its state dir: were they one file, the first test on a
+    /// cell would wait for itself.
+    #[test]
+    fn a_cells_test_lock_is_not_its_start_lock_and_only_the_nodes_cell_has_its_own() {
+        let states = run_script(&["cells", "state-dirs"], &[]).expect("cells state-dirs");
+        let states: Vec<&str> = states.lines().collect();
+        let cells = [
+            Cell::CurrentExternalArtifact,
+            Cell::Flux27Default,
+            Cell::Nodes,
+            Cell::Lockdown,
+        ];
+        let mut matrix = Vec::new();
+        for cell in cells {
+            let lock = run_script(&["cells", "lock-file", cell.name()], &[])
+                .unwrap_or_else(|e| panic!("cells lock-file {cell}: {e}"));
+            let lock = lock.trim().to_string();
+            for state in &states {
+                assert_ne!(lock, format!("{state}.lock"), "{cell}'s test lock");
+            }
+            if cell != Cell::Nodes {
+                matrix.push(lock);
+            } else {
+                assert!(lock.ends_with("-nodes.lock"), "{lock}");
+            }
+        }
+        matrix.dedup();
+        assert_eq!(
+            matrix.len(),
+            1,
+            "the matrix cells share one lock: {matrix:?}"
+        );
+        assert!(run_script(&["cells", "lock-file"], &[]).is_err());
+    }
 }
