@@ -156,7 +156,7 @@ async fn installed_with_kubectl_from_install_yaml_then_uninstalled_to_nothing() 
     assert!(images.len() >= 2, "install.yaml names {images:?}");
     for image in images {
         assert!(image.contains("@sha256:"), "{image} is not named by digest");
-        let platforms = tokio::task::block_in_place(|| bundle.index_platforms(image));
+        let platforms = tokio::task::block_in_place(|| support::release::index_platforms(image));
         assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{image}");
     }
     let install = doc_block(bundle, "## kubectl", "sh");

@@ -195,39 +195,37 @@ pub fn published_bundle(env: &Env) -> &'static Bundle {
     })
 }
 
-impl Bundle {
-    /// The platforms (`os/architecture`) of the image index `reference`
-    /// (`<registry>/<name>@sha256:...`) as the registry serves it, sorted;
-    /// panics when it is not an image index.
-    pub fn index_platforms(&self, reference: &str) -> Vec<String> {
-        let raw = run(
-            &format!("skopeo inspect --raw {reference}"),
-            Command::new("skopeo")
-                .args(["inspect", "--raw", "--tls-verify=false"])
-                .arg(format!("docker://{reference}")),
-        );
-        let index: serde_json::Value =
-            serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("{reference} is not JSON: {e}"));
-        assert_eq!(
-            index["mediaType"], "application/vnd.oci.image.index.v1+json",
-            "{reference} is not an OCI image index: {index}"
-        );
-        let mut platforms: Vec<String> = index["manifests"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{reference} lists no manifests: {index}"))
-            .iter()
-            .filter_map(|m| {
-                let p = &m["platform"];
-                Some(format!(
-                    "{}/{}",
-                    p["os"].as_str()?,
-                    p["architecture"].as_str()?
-                ))
-            })
-            .collect();
-        platforms.sort();
-        platforms
-    }
+/// The platforms (`os/architecture`) of the image index `reference`
+/// (`<registry>/<name>@sha256:...`) as the registry serves it, sorted;
+/// panics when it is not an image index.
+pub fn index_platforms(reference: &str) -> Vec<String> {
+    let raw = run(
+        &format!("skopeo inspect --raw {reference}"),
+        Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{reference}")),
+    );
+    let index: serde_json::Value =
+        serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("{reference} is not JSON: {e}"));
+    assert_eq!(
+        index["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{reference} is not an OCI image index: {index}"
+    );
+    let mut platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reference} lists no manifests: {index}"))
+        .iter()
+        .filter_map(|m| {
+            let p = &m["platform"];
+            Some(format!(
+                "{}/{}",
+                p["os"].as_str()?,
+                p["architecture"].as_str()?
+            ))
+        })
+        .collect();
+    platforms.sort();
+    platforms
 }
 
 static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
