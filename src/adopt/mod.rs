@@ -7,6 +7,7 @@
 pub mod plan;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::channel::mpsc::{unbounded, UnboundedSender};
 use kube::api::{DeleteParams, Patch};
@@ -20,7 +21,8 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::adopt::plan::{adopt, adopted_name, up_to_date, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION};
 use crate::cluster::facts::Facts;
 use crate::context::{apply_params, Context, Error};
-use crate::looks::{self, Looks};
+use crate::control::looks::{self, Looks};
+use crate::control::{Reconciler, Requeue};
 use crate::telemetry::SyncGuard;
 use crate::vocabulary::marks::ADOPTED_FROM_LABEL;
 use crate::watch::change::Change;
@@ -75,18 +77,14 @@ pub async fn run(
         shutdown.clone(),
     )));
     tracing::info!(group, "adopting Open Flux Artifacts");
-    let (resource, theirs, ctx) = (&resource, &theirs, &*ctx);
-    looks::serve(
-        Looks { asked, again: look },
-        ctx.retry,
-        shutdown,
-        Key::clone,
-        move |key| async move { reconcile(ctx, group, resource, theirs, &key).await },
-        |(namespace, name), error, delay| {
-            tracing::warn!(group, %namespace, %name, %error, retry_in = ?delay, "cannot adopt an Open Flux Artifact; retrying");
-        },
-    )
-    .await;
+    let retry = ctx.retry;
+    let adopter = Adopter {
+        ctx,
+        group,
+        resource,
+        theirs,
+    };
+    looks::serve(Looks { asked, again: look }, retry, shutdown, &adopter).await;
     let _ = (&mut watching).await;
 }
 
@@ -122,51 +120,71 @@ fn observe(
     }
 }
 
-async fn reconcile(
-    ctx: &Context,
-    group: &str,
-    resource: &ApiResource,
-    theirs: &Store<DynamicObject>,
-    (namespace, name): &Key,
-) -> Result<(), Error> {
-    let ours_name = adopted_name(group, name);
-    let ours = ctx
-        .artifacts
-        .get(&ObjectRef::new(&ours_name).within(namespace));
-    let found = theirs.get(&ObjectRef::new_with(name, resource.clone()).within(namespace));
-    let Some(found) = found else {
-        // Not in this shard's watch: gone, or moved to another shard (whose
-        // adopter keeps ours). Only the API server can tell.
-        if ours.is_some() && !still_there(ctx, resource, namespace, name).await? {
-            match ctx
-                .artifact_api(namespace)
-                .delete(&ours_name, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(%namespace, artifact = %ours_name, "the Open Flux Artifact is gone; deleted the Artifact standing for it")
+/// The adopter of one Open Flux Artifact API group: keeps an Artifact for
+/// each of theirs its watch holds.
+struct Adopter {
+    ctx: Arc<Context>,
+    group: &'static str,
+    resource: ApiResource,
+    /// What the watch of their Artifacts holds.
+    theirs: Store<DynamicObject>,
+}
+
+impl Reconciler for Adopter {
+    type Object = Key;
+
+    async fn reconcile(&self, (namespace, name): &Key) -> Result<Requeue, Error> {
+        let Self {
+            ctx,
+            group,
+            resource,
+            theirs,
+        } = self;
+        let group: &str = group;
+        let ours_name = adopted_name(group, name);
+        let ours = ctx
+            .artifacts
+            .get(&ObjectRef::new(&ours_name).within(namespace));
+        let found = theirs.get(&ObjectRef::new_with(name, resource.clone()).within(namespace));
+        let Some(found) = found else {
+            // Not in this shard's watch: gone, or moved to another shard (whose
+            // adopter keeps ours). Only the API server can tell.
+            if ours.is_some() && !still_there(ctx, resource, namespace, name).await? {
+                match ctx
+                    .artifact_api(namespace)
+                    .delete(&ours_name, &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(%namespace, artifact = %ours_name, "the Open Flux Artifact is gone; deleted the Artifact standing for it")
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
             }
+            return Ok(None);
+        };
+        let desired = match adopt(group, &found) {
+            Ok(d) => d,
+            Err(why) => {
+                tracing::warn!(group, %namespace, %name, %why, "not adopting an Open Flux Artifact");
+                return Ok(None);
+            }
+        };
+        if ours.as_deref().is_some_and(|o| up_to_date(o, &desired)) {
+            return Ok(None);
         }
-        return Ok(());
-    };
-    let desired = match adopt(group, &found) {
-        Ok(d) => d,
-        Err(why) => {
-            tracing::warn!(group, %namespace, %name, %why, "not adopting an Open Flux Artifact");
-            return Ok(());
-        }
-    };
-    if ours.as_deref().is_some_and(|o| up_to_date(o, &desired)) {
-        return Ok(());
+        ctx.artifact_api(namespace)
+            .patch(&ours_name, &apply_params(), &Patch::Apply(&desired))
+            .await?;
+        tracing::info!(group, %namespace, %name, artifact = %ours_name, revision = %desired.spec.revision, "adopted an Open Flux Artifact");
+        Ok(None)
     }
-    ctx.artifact_api(namespace)
-        .patch(&ours_name, &apply_params(), &Patch::Apply(&desired))
-        .await?;
-    tracing::info!(group, %namespace, %name, artifact = %ours_name, revision = %desired.spec.revision, "adopted an Open Flux Artifact");
-    Ok(())
+
+    fn failed(&self, (namespace, name): &Key, error: &Error, retry_in: Duration) {
+        let group = self.group;
+        tracing::warn!(group, %namespace, %name, %error, ?retry_in, "cannot adopt an Open Flux Artifact; retrying");
+    }
 }
 
 /// Whether the Open Flux Artifact `namespace`/`name` exists, in any shard.

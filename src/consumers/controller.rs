@@ -4,24 +4,24 @@
 //! rewrote is re-pointed when its export target or name changes
 //! ([`repoint`]), with no action from the user.
 
+mod repointer;
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::channel::mpsc::UnboundedSender;
 use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::cluster::gate;
 use crate::consumers::references::{ConsumerKey, Entry};
 use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::context::{Context, Error};
 use crate::locks;
-use crate::looks::{self, Looks};
 use crate::rewrite::View;
 use crate::telemetry::Readiness;
 use crate::vocabulary::consumers::{Consumer, CONSUMERS};
@@ -138,39 +138,6 @@ impl Consumers {
             }
         }
         all
-    }
-
-    /// Re-points the consumers it is asked to look at until `shutdown`,
-    /// one at a time, off the leader's event loop. A failed patch (or a
-    /// look that panics) is retried per consumer with backoff; a consumer
-    /// changed since it was read (a 409 from the resourceVersion
-    /// precondition) is decided again on what it is now.
-    pub async fn repoint_all(
-        self,
-        ctx: Arc<Context>,
-        asked: UnboundedReceiver<Look>,
-        again: UnboundedSender<Look>,
-        shutdown: CancellationToken,
-    ) {
-        let (this, ctx) = (&self, &*ctx);
-        looks::serve(
-            Looks { asked, again },
-            ctx.retry,
-            shutdown,
-            |(consumer, namespace, name): &Look| (consumer.kind, namespace.clone(), name.clone()),
-            move |one| async move { this.look(ctx, &one).await },
-            |(consumer, namespace, name), error, delay| match error {
-                Error::Waiting(why) => tracing::info!(
-                    consumer = consumer.kind, %namespace, %name, retry_in = ?delay,
-                    "not re-pointed yet: {why}"
-                ),
-                error => tracing::warn!(
-                    consumer = consumer.kind, %namespace, %name, %error, retry_in = ?delay,
-                    "cannot re-point a consumer; retrying"
-                ),
-            },
-        )
-        .await;
     }
 
     /// Re-points one consumer if its target changed: patches its

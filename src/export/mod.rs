@@ -18,6 +18,7 @@ pub mod message;
 pub mod plan;
 pub mod release;
 mod request;
+mod retire;
 mod series;
 pub mod shadow;
 pub mod trust;
@@ -35,7 +36,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::core::DynamicObject;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
@@ -51,6 +51,7 @@ pub use plan::{
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
 use crate::context::{caught, ready, reconcile_result, Context, Error};
+use crate::control::{Reconciler, Requeue};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
 use crate::locks;
@@ -96,10 +97,14 @@ pub async fn run(
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown)
         .run(
-            |artifact, exporter| caught(reconcile(artifact, exporter)),
+            |artifact, exporter| async move {
+                let requeue = caught(exporter.reconcile(&artifact)).await?;
+                Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+            },
             |artifact, error, exporter| {
+                // kube's Controller keeps no backoff: the exporter does.
                 let delay = exporter.retries.failed(ObjectRef::from(artifact.as_ref()));
-                tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, retry_in = ?delay, "export reconcile failed");
+                exporter.failed(&artifact, error, delay);
                 Action::requeue(delay)
             },
             exporter.clone(),
@@ -129,37 +134,41 @@ pub async fn run(
     tracing::info!("export controller stopped");
 }
 
-#[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
-async fn reconcile(artifact: Arc<Artifact>, exporter: Arc<Exporter>) -> Result<Action, Error> {
-    if !exporter.ctx.shard.owns(artifact.labels()) {
-        // Another shard's: it exports it (every shard sees every Artifact).
-        return Ok(Action::await_change());
+impl Reconciler for Exporter {
+    type Object = Arc<Artifact>;
+
+    #[tracing::instrument(skip_all, fields(namespace = artifact.namespace().unwrap_or_default(), name = %artifact.name_any()))]
+    async fn reconcile(&self, artifact: &Arc<Artifact>) -> Result<Requeue, Error> {
+        if !self.ctx.shard.owns(artifact.labels()) {
+            // Another shard's: it exports it (every shard sees every Artifact).
+            return Ok(None);
+        }
+        let mut guard = self.metrics.reconcile(ObjectLabels::of(artifact.as_ref()));
+        let result = reconcile_inner(artifact, self).await;
+        guard.set_result(reconcile_result(&result));
+        // Recorded once the guard wrote the series (a sweep between the two
+        // finds it on its next pass).
+        drop(guard);
+        self.series.record(ObjectRef::from(artifact.as_ref()));
+        if result.is_ok() {
+            self.retries.succeeded(&ObjectRef::from(artifact.as_ref()));
+        }
+        result
     }
-    let mut guard = exporter
-        .metrics
-        .reconcile(ObjectLabels::of(artifact.as_ref()));
-    let result = reconcile_inner(&artifact, &exporter).await;
-    guard.set_result(reconcile_result(&result));
-    // Recorded once the guard wrote the series (a sweep between the two
-    // finds it on its next pass).
-    drop(guard);
-    exporter.series.record(ObjectRef::from(artifact.as_ref()));
-    if result.is_ok() {
-        exporter
-            .retries
-            .succeeded(&ObjectRef::from(artifact.as_ref()));
+
+    fn failed(&self, artifact: &Arc<Artifact>, error: &Error, retry_in: Duration) {
+        tracing::warn!(name = %artifact.name_any(), namespace = artifact.namespace().unwrap_or_default(), %error, ?retry_in, "export reconcile failed");
     }
-    result
 }
 
-async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Action, Error> {
+async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Requeue, Error> {
     let ctx = &exporter.ctx;
     let indexed =
         IndexedArtifact::from_artifact(artifact).ok_or(Error::MissingField("namespace"))?;
     if let Some(owner) = &indexed.owner {
         if is_stock_source(&owner.source.group, &owner.source.kind) {
             // Mirrored: Flux reads the source itself.
-            return Ok(Action::await_change());
+            return Ok(None);
         }
     }
     let source = indexed
@@ -187,7 +196,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         exporter
             .set_status(artifact, status(false, reason::UNTRUSTED, &msg, None))
             .await?;
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        return Ok(Some(Duration::from_secs(60)));
     }
     let (order, reasons, inputs_served) = {
         let facts = locks::read(&ctx.facts);
@@ -203,7 +212,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                 status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
             )
             .await?;
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        return Ok(Some(Duration::from_secs(60)));
     }
     let failed = |what: &str, error: &Error| {
         let msg = failure_message(what, &api_message(error));
@@ -222,13 +231,17 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                     status(false, reason::EXPORT_TARGET_MISSING, &msg, None),
                 )
                 .await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            return Ok(Some(Duration::from_secs(10)));
         };
         let export = Export::new(ctx, served, namespace, &export_name);
         let what = format!("{} {namespace}/{export_name}", served.resource.kind);
         let current = match export.current().await {
             Ok(current) => current,
-            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
+            Err(e) => {
+                return exporter
+                    .export_failed(artifact, &failed(&what, &e), e)
+                    .await
+            }
         };
         let requested = current
             .as_ref()
@@ -254,25 +267,33 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
                         status(false, reason::INVALID_ARTIFACT, &msg, None),
                     )
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(None);
             }
         };
         if let Some(msg) = current.as_ref().and_then(|c| conflict(c, &uid)) {
             exporter
                 .set_status(artifact, status(false, reason::EXPORT_CONFLICT, &msg, None))
                 .await?;
-            return Ok(Action::requeue(Duration::from_secs(60)));
+            return Ok(Some(Duration::from_secs(60)));
         }
         let latest = match export.write_object(&plan, current).await {
             Ok(latest) => latest,
-            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
+            Err(e) => {
+                return exporter
+                    .export_failed(artifact, &failed(&what, &e), e)
+                    .await
+            }
         };
         match export.write_status(&plan, latest.as_ref()).await {
             Ok(true) => {
                 tracing::info!(export = %export_name, kind = target.kind(), revision = %artifact.spec.revision, "exported artifact")
             }
             Ok(false) => {}
-            Err(e) => return exporter.failed(artifact, &failed(&what, &e), e).await,
+            Err(e) => {
+                return exporter
+                    .export_failed(artifact, &failed(&what, &e), e)
+                    .await
+            }
         }
         exported.push(ObjectReference {
             api_version: served.resource.api_version.clone(),
@@ -286,7 +307,9 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
         .await
     {
         let what = format!("an earlier export of this Artifact in {namespace}");
-        return exporter.failed(artifact, &failed(&what, &e), e).await;
+        return exporter
+            .export_failed(artifact, &failed(&what, &e), e)
+            .await;
     }
     let note = inputs_not_exported(artifact, &wanted, inputs_served);
     let msg = exported_message(&exported, &export_name, artifact, &reasons, note);
@@ -296,7 +319,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Act
             status(true, reason::EXPORTED, &msg, exported.into_iter().next()),
         )
         .await?;
-    Ok(Action::await_change())
+    Ok(None)
 }
 
 /// What the API server said of a refused request (its message alone), or
@@ -311,59 +334,16 @@ fn api_message(error: &Error) -> String {
 }
 
 impl Exporter {
-    /// Objects this Artifact was exported as before, under another name or
-    /// target: kept up to date while a consumer still refers to one (until
-    /// openflux has moved it), deleted once none does.
-    async fn retire(
-        &self,
-        artifact: &Artifact,
-        uid: &str,
-        namespace: &str,
-        name: &str,
-        wanted: &BTreeSet<Target>,
-    ) -> Result<(), Error> {
-        // Looked up by the names it may have had, not by a scan of every
-        // export: a resync reconciles every Artifact.
-        let names = former_export_names(artifact);
-        for (target, served) in &self.targets {
-            let old: Vec<Arc<DynamicObject>> = names
-                .iter()
-                .filter(|n| !(wanted.contains(target) && n.as_str() == name))
-                .filter_map(|n| {
-                    let key = ObjectRef::new_with(n, served.resource.clone()).within(namespace);
-                    served.exports.get(&key)
-                })
-                .filter(|o| o.owner_references().iter().any(|r| r.uid == uid))
-                .collect();
-            for object in old {
-                let old_name = object.name_any();
-                let export = Export::new(&self.ctx, served, namespace, &old_name);
-                let kind = served.resource.kind.as_str();
-                if locks::read(&self.ctx.references).refers_to(namespace, kind, &old_name) {
-                    let inputs = locks::read(&self.ctx.facts).cluster.exported_inputs;
-                    if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource, inputs) {
-                        let latest = export.write_object(&plan, Some((*object).clone())).await?;
-                        export.write_status(&plan, latest.as_ref()).await?;
-                    }
-                    continue;
-                }
-                tracing::info!(kind, name = %old_name, namespace, "deleting an export no consumer refers to any more");
-                export.delete().await?;
-            }
-        }
-        Ok(())
-    }
-
     /// An export the API server refused (or that could not be sent): said
     /// on the Artifact (`Ready=False`, `ExportFailed`, the server's
     /// message, and the Event a change of `Ready` means) and counted; the
     /// error goes on to the error policy, which retries with backoff.
-    async fn failed(
+    async fn export_failed(
         &self,
         artifact: &Artifact,
         status: &ArtifactStatus,
         error: Error,
-    ) -> Result<Action, Error> {
+    ) -> Result<Requeue, Error> {
         self.ctx.metrics.export_failures.inc();
         tracing::warn!(%error, "export failed");
         if let Err(e) = self.set_status(artifact, status.clone()).await {

@@ -8,32 +8,38 @@ use kube::ResourceExt;
 
 use super::write::ServedTargets;
 use crate::api::Artifact;
+use crate::control::WakeHandle;
 
 /// The running export controller's wake handle.
 #[derive(Clone)]
 pub struct Waker {
     sender: UnboundedSender<ObjectRef<Artifact>>,
+    /// The Artifacts the controller exports.
+    artifacts: Store<Artifact>,
 }
 
-impl Waker {
-    /// A handle and the triggers it sends, for [`super::run`].
-    pub fn channel() -> (Self, UnboundedReceiver<ObjectRef<Artifact>>) {
-        let (sender, triggers) = unbounded();
-        (Self { sender }, triggers)
-    }
-
+impl WakeHandle for Waker {
     /// Exports Artifact `namespace/name` again.
-    pub fn artifact(&self, namespace: &str, name: &str) {
+    fn one(&self, namespace: &str, name: &str) {
         let _ = self
             .sender
             .unbounded_send(ObjectRef::new(name).within(namespace));
     }
 
-    /// Exports again every Artifact `artifacts` holds.
-    pub fn every(&self, artifacts: &Store<Artifact>) {
-        for artifact in artifacts.state() {
+    /// Exports again every Artifact the store holds.
+    fn every(&self) {
+        for artifact in self.artifacts.state() {
             let _ = self.sender.unbounded_send(ObjectRef::from(&*artifact));
         }
+    }
+}
+
+impl Waker {
+    /// A handle for the Artifacts `artifacts` holds, and the triggers it
+    /// sends, for [`super::run`].
+    pub fn channel(artifacts: Store<Artifact>) -> (Self, UnboundedReceiver<ObjectRef<Artifact>>) {
+        let (sender, triggers) = unbounded();
+        (Self { sender, artifacts }, triggers)
     }
 
     /// Exports again the Artifacts owning the exported objects `objects`
@@ -51,7 +57,7 @@ impl Waker {
                     continue;
                 };
                 for owner in object.owner_references() {
-                    self.artifact(namespace, &owner.name);
+                    self.one(namespace, &owner.name);
                 }
             }
         }
@@ -90,7 +96,8 @@ mod tests {
 
     #[test]
     fn the_owners_of_a_held_export_are_woken_and_nothing_else() {
-        let (waker, mut triggers) = Waker::channel();
+        let artifacts = Writer::<Artifact>::default().as_reader();
+        let (waker, mut triggers) = Waker::channel(artifacts);
         let targets = targets();
         waker.owners_of(
             &targets,

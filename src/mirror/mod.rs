@@ -31,13 +31,13 @@ use tokio_util::sync::CancellationToken;
 pub use backlog::Backlog;
 pub use plan::{fingerprint, is_mirrored, is_own_export, memo_key, plan, InvalidSource, Plan};
 use plan::{Stored, StoredArtifact, StoredOwner};
-pub use runner::Requeue;
 pub use source::{FluxSource, Source, SourceKind};
 pub use store::Sources;
 pub use wake::Waker;
 
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
+use crate::control::{Reconciler, Requeue};
 use crate::locks;
 use crate::telemetry::KindLabels;
 
@@ -122,36 +122,48 @@ impl Mirror {
         shutdown: CancellationToken,
     ) {
         let stock = self.source;
-        let ar = self.resource;
+        let retry = ctx.retry;
         let metrics = ctx
             .metrics
             .reconciles
             .controller(&controller_id(stock), concurrency);
-        let retry = ctx.retry;
-        let reconcile = move |source: Arc<Source>| {
-            let (ctx, ar, metrics) = (ctx.clone(), ar.clone(), metrics.clone());
-            async move { reconcile(&source, &ctx, stock, &ar, &metrics).await }
-        };
-        runner::run(stock.kind, sources, backlog, retry, reconcile, shutdown).await;
+        let mirroring = Arc::new(Mirroring {
+            ctx,
+            stock,
+            resource: self.resource,
+            metrics,
+        });
+        runner::run(sources, backlog, retry, mirroring, shutdown).await;
         tracing::info!(kind = stock.kind, "mirror controller stopped");
     }
 }
 
-#[tracing::instrument(skip_all, fields(kind = stock.kind, namespace = %source.namespace, name = %source.name))]
-async fn reconcile(
-    source: &Source,
-    ctx: &Context,
+/// One source kind's mirror, as its runner drives it.
+struct Mirroring {
+    ctx: Arc<Context>,
     stock: &'static StockSource,
-    ar: &SourceKind,
-    metrics: &ControllerMetrics,
-) -> Result<Requeue, Error> {
-    // Counted per controller only: a mirrored Artifact is a copy of a Flux
-    // source, which source-controller already records, and a series per
-    // object would grow with every source in the cluster.
-    let mut guard = metrics.reconcile_unlabelled();
-    let result = reconcile_inner(source, ctx, stock, ar).await;
-    guard.set_result(reconcile_result(&result));
-    result
+    resource: SourceKind,
+    metrics: ControllerMetrics,
+}
+
+impl Reconciler for Mirroring {
+    type Object = Arc<Source>;
+
+    #[tracing::instrument(skip_all, fields(kind = self.stock.kind, namespace = %source.namespace, name = %source.name))]
+    async fn reconcile(&self, source: &Arc<Source>) -> Result<Requeue, Error> {
+        // Counted per controller only: a mirrored Artifact is a copy of a
+        // Flux source, which source-controller already records, and a
+        // series per object would grow with every source in the cluster.
+        let mut guard = self.metrics.reconcile_unlabelled();
+        let result = reconcile_inner(source, &self.ctx, self.stock, &self.resource).await;
+        guard.set_result(reconcile_result(&result));
+        result
+    }
+
+    fn failed(&self, source: &Arc<Source>, error: &Error, retry_in: Duration) {
+        let kind = self.stock.kind;
+        tracing::warn!(kind, namespace = %source.namespace, name = %source.name, %error, ?retry_in, "mirror reconcile failed");
+    }
 }
 
 /// The mirror of one source kind, as its reconcile metrics name it:

@@ -9,7 +9,6 @@
 //! the earliest asked for.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,28 +23,22 @@ use super::backlog::Backlog;
 use super::source::Source;
 use super::store::Sources;
 use crate::context::Error;
+use crate::control::{Reconciler, Requeue};
 
 /// A source by namespace and name.
 type Key = (Arc<str>, Arc<str>);
 
-/// What a reconcile asks for: to be looked at again after this long, or
-/// (`None`) only when something changes.
-pub type Requeue = Option<Duration>;
-
 /// Runs until `shutdown`: reconciles each source `backlog` gives with
-/// `reconcile`, from what `sources` holds then, at most the backlog's room
-/// at a time; then waits for the reconciles under way. `kind` names the
-/// sources in the log.
-pub async fn run<R, F>(
-    kind: &'static str,
+/// `mirror`, from what `sources` holds then, at most the backlog's room at
+/// a time; then waits for the reconciles under way.
+pub async fn run<R>(
     sources: Sources,
     backlog: Arc<Backlog>,
     retry: RetryArgs,
-    reconcile: R,
+    mirror: Arc<R>,
     shutdown: CancellationToken,
 ) where
-    R: Fn(Arc<Source>) -> F,
-    F: Future<Output = Result<Requeue, Error>> + Send + 'static,
+    R: Reconciler<Object = Arc<Source>>,
 {
     let retries = Retries::<Key>::new(retry);
     let mut running: JoinSet<(Arc<Source>, Result<Requeue, Error>)> = JoinSet::new();
@@ -65,7 +58,7 @@ pub async fn run<R, F>(
                     }
                     Err(error) => {
                         let delay = retries.failed(key.clone());
-                        tracing::warn!(kind, namespace = %source.namespace, name = %source.name, %error, retry_in = ?delay, "mirror reconcile failed");
+                        mirror.failed(&source, &error, delay);
                         Some(delay)
                     }
                 };
@@ -87,9 +80,9 @@ pub async fn run<R, F>(
                     continue;
                 };
                 let room = Room { backlog: backlog.clone(), source: given };
-                let reconciled = crate::context::caught(reconcile(source.clone()));
+                let mirror = mirror.clone();
                 running.spawn(async move {
-                    let result = reconciled.await;
+                    let result = crate::context::caught(mirror.reconcile(&source)).await;
                     drop(room);
                     (source, result)
                 });
@@ -150,6 +143,8 @@ impl Later {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     fn key(name: &str) -> Key {
         ("apps".into(), name.into())
@@ -180,39 +175,58 @@ mod tests {
         });
         let backlog = Backlog::new(2);
         backlog.wake(source);
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let (done, mut reconciled) = tokio::sync::mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
         let retry = RetryArgs {
             min_retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(10),
         };
-        let reconcile = {
-            let calls = calls.clone();
-            move |_: Arc<Source>| {
-                let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let done_tx = done_tx.clone();
-                async move {
-                    if call == 0 {
-                        panic!("a defect in the reconcile");
-                    }
-                    let _ = done_tx.send(call);
-                    Ok(None)
-                }
-            }
-        };
+        let mirror = Arc::new(PanicsFirst {
+            calls: AtomicUsize::new(0),
+            done,
+            failures: Mutex::default(),
+        });
         let runner = tokio::spawn(run(
-            "GitRepository",
             sources,
             backlog,
             retry,
-            reconcile,
+            mirror.clone(),
             shutdown.clone(),
         ));
-        let again = tokio::time::timeout(Duration::from_secs(60), done.recv()).await;
+        let again = tokio::time::timeout(Duration::from_secs(60), reconciled.recv()).await;
         shutdown.cancel();
         runner.await.unwrap();
         assert_eq!(again, Ok(Some(1)), "the source was not reconciled again");
+        assert_eq!(
+            *mirror.failures.lock().unwrap(),
+            ["apps/web: the reconcile panicked: a defect in the reconcile"]
+        );
+    }
+
+    /// A mirror whose first reconcile panics; it sends the number of each
+    /// later one on `done`.
+    struct PanicsFirst {
+        calls: AtomicUsize,
+        done: tokio::sync::mpsc::UnboundedSender<usize>,
+        failures: Mutex<Vec<String>>,
+    }
+
+    impl Reconciler for PanicsFirst {
+        type Object = Arc<Source>;
+
+        async fn reconcile(&self, _: &Arc<Source>) -> Result<Requeue, Error> {
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            if call == 0 {
+                panic!("a defect in the reconcile");
+            }
+            let _ = self.done.send(call);
+            Ok(None)
+        }
+
+        fn failed(&self, source: &Arc<Source>, error: &Error, _: Duration) {
+            let failure = format!("{}/{}: {error}", source.namespace, source.name);
+            self.failures.lock().unwrap().push(failure);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,6 +7,7 @@ use super::backlog::Backlog;
 use super::plan::{memo_key, Echo};
 use super::store::Sources;
 use crate::context::Context;
+use crate::control::WakeHandle;
 
 /// A running mirror's wake handle: its sources, and the backlog its
 /// runner takes them from.
@@ -28,13 +29,20 @@ impl Waker {
         if echo.is_some_and(|echo| is_echo(ctx, namespace, echo)) {
             return;
         }
+        self.one(namespace, name);
+    }
+}
+
+impl WakeHandle for Waker {
+    /// Mirrors source `namespace/name` again, if the store holds it.
+    fn one(&self, namespace: &str, name: &str) {
         if let Some(source) = self.sources.get(namespace, name) {
             self.backlog.wake(source);
         }
     }
 
     /// Mirrors every source again.
-    pub fn every(&self) {
+    fn every(&self) {
         for source in self.sources.all() {
             self.backlog.wake(source);
         }

@@ -27,6 +27,7 @@ use crate::cluster::target::Target;
 use crate::consumers::controller::{Consumers, Look, Sinks};
 use crate::consumers::repoint::ObjectKey;
 use crate::context::Context;
+use crate::control::WakeHandle;
 use crate::export::release::target_resource;
 use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
@@ -369,7 +370,7 @@ impl Controllers {
     }
 
     fn start_export(&mut self) {
-        let (wake, triggers) = export::Waker::channel();
+        let (wake, triggers) = export::Waker::channel(self.ctx.artifacts.clone());
         let stop = self.shutdown.child_token();
         let task = AbortOnDropHandle::new(tokio::spawn(export::run(
             self.ctx.clone(),
@@ -386,7 +387,7 @@ impl Controllers {
         };
         // What changed before this start woke nobody: look at every Artifact
         // once. Artifacts the watch has not listed yet come with its list.
-        running.wake.every(&self.ctx.artifacts);
+        running.wake.every();
         self.export = Some(running);
     }
 }

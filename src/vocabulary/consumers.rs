@@ -76,6 +76,15 @@ pub struct Consumer {
     pub reader: Reader,
 }
 
+/// By kind and group, which name a consumer; `Eq` compares every field, so
+/// equal consumers hash alike.
+impl std::hash::Hash for Consumer {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.kind.hash(state);
+        self.group.hash(state);
+    }
+}
+
 /// Every consumer openflux handles.
 pub static CONSUMERS: [Consumer; 4] = [
     Consumer {

@@ -4,6 +4,7 @@
 
 use super::Controllers;
 use crate::consumers::repoint::ObjectKey;
+use crate::control::WakeHandle;
 use crate::export::release;
 use crate::runtime::router::Wake;
 
@@ -35,7 +36,7 @@ impl Controllers {
             match wake {
                 Wake::Export(key) => {
                     if let Some(export) = &self.export {
-                        export.wake.artifact(&key.namespace, &key.name);
+                        export.wake.one(&key.namespace, &key.name);
                     }
                 }
                 Wake::Release {
@@ -59,11 +60,10 @@ impl Controllers {
 
     /// Wakes every controller for every object it keeps.
     pub(super) fn wake_everything(&self) {
-        if let Some(export) = &self.export {
-            export.wake.every(&self.ctx.artifacts);
-        }
-        for mirror in self.mirrors.values() {
-            mirror.every();
+        let export = self.export.iter().map(|e| &e.wake as &dyn WakeHandle);
+        let mirrors = self.mirrors.values().map(|m| m as &dyn WakeHandle);
+        for controller in export.chain(mirrors) {
+            controller.every();
         }
     }
 }
