@@ -1,5 +1,5 @@
-//! What the mirror and export controllers share: the context, the error type,
-//! the Ready condition of an Artifact, and the memo that keeps a stale cache from causing a second
+//! What the mirror and export controllers share: the context, the error
+//! type, and the memo that keeps a stale cache from causing a second
 //! identical write.
 
 use std::collections::hash_map::DefaultHasher;
@@ -10,18 +10,17 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::FutureExt as _;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Patch, PatchParams};
+use kube::api::PatchParams;
 use kube::runtime::reflector::Store;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use serde::Serialize;
 
-use crate::api::{conditions, Artifact, ArtifactStatus, FIELD_MANAGER};
+use crate::api::runtime::{panics, EventRecorder, ReconcileResult};
+use crate::api::{Artifact, FIELD_MANAGER};
 use crate::cluster::facts::Facts;
 use crate::consumers::references::References;
 use crate::index::OwnerIndex;
 use crate::locks;
-use openflux_api::runtime::{panics, EventRecorder, ReconcileResult};
 
 use crate::telemetry::Metrics;
 
@@ -87,7 +86,7 @@ pub struct Context {
     pub shard: crate::shard::Shard,
     /// How a failed reconcile is retried (`--min-retry-delay`,
     /// `--max-retry-delay`).
-    pub retry: openflux_api::runtime::RetryArgs,
+    pub retry: crate::api::runtime::RetryArgs,
     /// Turns at a first list, shared by every watch of the process.
     pub list_turns: crate::watch::ListTurns,
     /// Where watches hand the objects they cannot decode.
@@ -98,54 +97,11 @@ impl Context {
     pub fn artifact_api(&self, namespace: &str) -> Api<Artifact> {
         Api::namespaced(self.client.clone(), namespace)
     }
-
-    /// Writes the status of an Artifact unless it already is `status`.
-    pub async fn apply_artifact_status(
-        &self,
-        artifact: &Artifact,
-        status: ArtifactStatus,
-    ) -> Result<bool, Error> {
-        if artifact.status.as_ref() == Some(&status) {
-            return Ok(false);
-        }
-        let ns = artifact
-            .namespace()
-            .ok_or(Error::MissingField("namespace"))?;
-        let name = artifact.name_any();
-        let key = format!("artifact-status/{ns}/{name}");
-        let rv = artifact.resource_version();
-        let hash = hash_of(&status)?;
-        if self.memo.already_written(&key, rv.as_deref(), hash) {
-            return Ok(false);
-        }
-        let body = serde_json::json!({
-            "apiVersion": crate::api::API_VERSION,
-            "kind": crate::api::KIND,
-            "status": status,
-        });
-        self.artifact_api(&ns)
-            .patch_status(&name, &apply_params(), &Patch::Apply(&body))
-            .await?;
-        self.memo.record(key, rv, hash);
-        Ok(true)
-    }
 }
 
 /// Server-side apply as openflux, taking over fields other managers set.
 pub fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
-}
-
-/// The `Ready` condition for `artifact`'s status.
-pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Condition {
-    conditions::ready(
-        ok,
-        reason,
-        message,
-        artifact.metadata.generation,
-        artifact.ready_condition(),
-        &conditions::now(),
-    )
 }
 
 /// The most entries the write memo keeps.

@@ -53,7 +53,7 @@ enum Command {
     Crds {
         /// Print the SourcePolicy CRD instead of the Artifact CRD.
         #[rustfmt::skip]
-        #[arg(long, default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = openflux_api::runtime::flags::parse_go_bool)]
+        #[arg(long, default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = openflux::api::runtime::flags::parse_go_bool)]
         source_policy: bool,
     },
     /// Write a CA and a serving certificate for the webhook.
@@ -85,7 +85,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         Command::Certs(args) => openflux::certs::run(args),
         Command::Run(cmd) => {
             let RunCmd { run: args, webhook } = *cmd;
-            openflux_api::runtime::logging::init(&args.runtime.log)?;
+            openflux::api::runtime::logging::init(&args.runtime.log)?;
             let client = client(cli.kubeconfig).await?;
             let namespace = args
                 .runtime
@@ -165,7 +165,7 @@ mod tests {
     fn every_flag_takes_fluxs_forms() {
         use clap::CommandFactory;
         let problems =
-            openflux_api::runtime::flags::flag_form_problems(&Cli::command(), &["events-addr"]);
+            openflux::api::runtime::flags::flag_form_problems(&Cli::command(), &["events-addr"]);
         assert_eq!(problems, Vec::<String>::new());
     }
 
@@ -180,7 +180,7 @@ mod tests {
             .as_u64()
             .unwrap();
         let runtime = openflux::runtime::CONTROLLERS_STOP_GRACE
-            + openflux_api::runtime::leader::RELEASE_TIMEOUT
+            + openflux::api::runtime::leader::RELEASE_TIMEOUT
             + openflux::runtime::SERVER_STOP_GRACE;
         // The webhook drains, then lets requests in flight finish, beside
         // the controllers' stop.
@@ -301,7 +301,7 @@ mod tests {
         assert!(runtime.leader_election.enable_leader_election);
         assert_eq!(
             runtime.log.log_encoding,
-            openflux_api::runtime::flags::LogEncoding::Json
+            openflux::api::runtime::flags::LogEncoding::Json
         );
         assert_eq!(
             (runtime.metrics_addr.port(), runtime.health_addr.port()),

@@ -21,10 +21,10 @@
 
 use std::collections::BTreeMap;
 
-use openflux_api::runtime::LabelSelector;
+use crate::api::runtime::LabelSelector;
 use sha2::{Digest, Sha256};
 
-pub use openflux_api::SHARD_LABEL;
+pub use crate::api::SHARD_LABEL;
 
 /// Which objects this replica's controllers reconcile.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
-use openflux_api::runtime::{EventRecorder, FluxEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -15,11 +15,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
 use kube::runtime::watcher;
-use openflux_api::runtime::{EventRecorder, FluxEvent};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 

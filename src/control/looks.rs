@@ -6,9 +6,9 @@
 
 use std::hash::Hash;
 
+use crate::api::runtime::{Retries, RetryArgs};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
-use openflux_api::runtime::{Retries, RetryArgs};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 

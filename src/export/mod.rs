@@ -21,6 +21,7 @@ mod request;
 mod retire;
 mod series;
 pub mod shadow;
+mod status;
 pub mod trust;
 pub mod verify;
 mod wake;
@@ -35,22 +36,22 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
 use kube::ResourceExt;
-use openflux_api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 
 pub use message::{describe_choices, exported_message, failure_message, inputs_not_exported};
 pub use plan::{
     conflict, desired_status, former_export_names, managed_selector, object_up_to_date,
-    path_from_url, plan, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
+    path_from_url, plan, ready, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
-use crate::context::{caught, ready, reconcile_result, Context, Error};
+use crate::context::{caught, reconcile_result, Context, Error};
 use crate::control::{Reconciler, Requeue};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
@@ -330,40 +331,5 @@ fn api_message(error: &Error) -> String {
             status.message.clone()
         }
         other => other.to_string(),
-    }
-}
-
-impl Exporter {
-    /// An export the API server refused (or that could not be sent): said
-    /// on the Artifact (`Ready=False`, `ExportFailed`, the server's
-    /// message, and the Event a change of `Ready` means) and counted; the
-    /// error goes on to the error policy, which retries with backoff.
-    async fn export_failed(
-        &self,
-        artifact: &Artifact,
-        status: &ArtifactStatus,
-        error: Error,
-    ) -> Result<Requeue, Error> {
-        self.ctx.metrics.export_failures.inc();
-        tracing::warn!(%error, "export failed");
-        if let Err(e) = self.set_status(artifact, status.clone()).await {
-            tracing::warn!(error = %e, "cannot say on the Artifact that its export failed");
-        }
-        Err(error)
-    }
-
-    /// Writes an Artifact's status and, when its `Ready` condition changed,
-    /// emits the Event that change means.
-    async fn set_status(&self, artifact: &Artifact, status: ArtifactStatus) -> Result<(), Error> {
-        let event = events::ready_event(artifact, artifact.ready_condition(), &status);
-        let target = events::alert_target(artifact, &status);
-        let wrote = self.ctx.apply_artifact_status(artifact, status).await?;
-        if let (true, Some(event)) = (wrote, event) {
-            self.ctx
-                .events
-                .publish(artifact, &event, target.as_ref())
-                .await;
-        }
-        Ok(())
     }
 }

@@ -257,6 +257,18 @@ pub fn object_up_to_date(current: &DynamicObject, desired: &Value) -> bool {
     spec_ok && labels_ok && owner_ok
 }
 
+/// The `Ready` condition for `artifact`'s status.
+pub fn ready(artifact: &Artifact, ok: bool, reason: &str, message: &str) -> Condition {
+    conditions::ready(
+        ok,
+        reason,
+        message,
+        artifact.metadata.generation,
+        artifact.ready_condition(),
+        &conditions::now(),
+    )
+}
+
 /// The status the exported object should have, keeping the transition time
 /// of its current `Ready` condition when that stays true.
 pub fn desired_status(

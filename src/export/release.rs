@@ -6,7 +6,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::ObjectRef;
 
-use openflux_api::runtime::RetryArgs;
+use crate::api::runtime::RetryArgs;
 
 use super::ServedTargets;
 use crate::api::FLUX_SOURCE_GROUP;

@@ -8,8 +8,8 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::api::runtime::{ControllerMetrics, ObjectLabels};
 use kube::runtime::reflector::{ObjectRef, Store};
-use openflux_api::runtime::{ControllerMetrics, ObjectLabels};
 
 use crate::api::{Artifact, KIND};
 use crate::locks;

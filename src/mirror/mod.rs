@@ -22,10 +22,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::runtime::{ControllerId, ControllerMetrics};
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
-use openflux_api::runtime::{ControllerId, ControllerMetrics};
 use tokio_util::sync::CancellationToken;
 
 pub use backlog::Backlog;
@@ -357,7 +357,7 @@ async fn taken(
         uid: uid.clone(),
         ..Default::default()
     };
-    let event = openflux_api::runtime::FluxEvent::warning(ARTIFACT_NAME_TAKEN, message);
+    let event = crate::api::runtime::FluxEvent::warning(ARTIFACT_NAME_TAKEN, message);
     // The mirror keeps none of a source's annotations (Flux's event metadata
     // among them): the Event carries none.
     ctx.events

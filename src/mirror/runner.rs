@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::runtime::{Retries, RetryArgs};
 use futures::future::poll_fn;
-use openflux_api::runtime::{Retries, RetryArgs};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

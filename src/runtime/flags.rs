@@ -2,7 +2,7 @@
 //! openflux-api runtime kit's, with Flux's names, defaults and forms) and
 //! openflux's own.
 
-use openflux_api::runtime::flags::{FlagError, RuntimeArgs};
+use crate::api::runtime::flags::{FlagError, RuntimeArgs};
 
 use crate::cluster::target::ExportMode;
 use crate::shard::Shard;
@@ -37,7 +37,7 @@ pub struct RunArgs {
     /// what its consumers deploy; only for clusters without openflux's
     /// webhook for Artifacts.
     #[rustfmt::skip]
-    #[arg(long, default_value = "true", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = openflux_api::runtime::flags::parse_go_bool)]
+    #[arg(long, default_value = "true", action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::api::runtime::flags::parse_go_bool)]
     pub verify_artifact_writers: bool,
 }
 

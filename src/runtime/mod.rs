@@ -27,11 +27,11 @@ pub mod wakes;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use crate::api::runtime::leader::Elector;
+use crate::api::runtime::EventRecorder;
+use crate::api::runtime::LeaderElectionArgs;
 use kube::runtime::reflector::store::Writer;
 use kube::Client;
-use openflux_api::runtime::leader::Elector;
-use openflux_api::runtime::EventRecorder;
-use openflux_api::runtime::LeaderElectionArgs;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

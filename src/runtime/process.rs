@@ -1,10 +1,10 @@
 //! What every `openflux run` process sets up for itself: the handler that
 //! turns SIGTERM or SIGINT into a shutdown, and its Event recorder.
 
+use crate::api::runtime::events::{Notifier, RetryPolicy};
+use crate::api::runtime::{EventRecorder, RuntimeArgs};
 use kube::runtime::events::Reporter;
 use kube::Client;
-use openflux_api::runtime::events::{Notifier, RetryPolicy};
-use openflux_api::runtime::{EventRecorder, RuntimeArgs};
 use tokio_util::sync::CancellationToken;
 
 /// Cancels `shutdown` at the first SIGTERM or SIGINT.

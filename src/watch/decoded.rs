@@ -13,9 +13,9 @@
 
 use std::collections::HashSet;
 
+use crate::api::runtime::events::{EventRecorder, FluxEvent};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::{Status, WatchEvent};
-use openflux_api::runtime::events::{EventRecorder, FluxEvent};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

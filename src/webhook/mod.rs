@@ -39,10 +39,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::runtime::flags::{parse_duration, parse_go_bool, ListenAddr};
+use crate::api::runtime::EventRecorder;
 use crate::certs::{self, CertFiles, CertKeeper, CertSource, Names, SecretCerts, Timing};
 use crate::telemetry::Readiness;
-use openflux_api::runtime::flags::{parse_duration, parse_go_bool, ListenAddr};
-use openflux_api::runtime::EventRecorder;
 
 pub use server::Knowledge;
 

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
@@ -19,7 +20,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{CustomResourceExt, Resource};
-use openflux_api::runtime::{EventRecorder, FluxEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

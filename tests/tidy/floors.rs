@@ -14,7 +14,8 @@ use super::source_layout::{module_graph, CRATES};
 /// The floors, ground first; a floor's folders may import those of the
 /// floors below it. `api` is the API crate.
 const FLOORS: &[&[&str]] = &[
-    &["api", "locks", "shard"],
+    &["api"],
+    &["locks", "shard"],
     &["names", "telemetry"],
     &["vocabulary", "watch"],
     &["certs", "cluster"],

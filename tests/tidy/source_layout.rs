@@ -96,6 +96,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("export::release", Layer::Shell),
     ("export::request", Layer::Shell),
     ("export::retire", Layer::Shell),
+    ("export::status", Layer::Shell),
     ("export::series", Layer::Shell),
     ("export::wake", Layer::Shell),
     ("adopt", Layer::Shell),
