@@ -56,7 +56,7 @@ chaos: cluster-up
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p openflux --test e2e_nodes -- -D warnings
+	$(CARGO) clippy --workspace --test e2e_nodes -- -D warnings
 
 # The tests' control plane (${TMPDIR:-/tmp}/openflux-e2e, ports 16xxx):
 # builds what is missing (the build log is shown) and starts it.
