@@ -21,9 +21,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::runtime::LabelSelector;
 use sha2::{Digest, Sha256};
 
+use crate::api::runtime::LabelSelector;
 pub use crate::api::SHARD_LABEL;
 
 /// Which objects this replica's controllers reconcile.

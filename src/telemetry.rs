@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::api::runtime::Metrics as FluxMetrics;
-use crate::api::runtime::{WatchTicker, Watches};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -19,6 +17,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::api::runtime::Metrics as FluxMetrics;
+use crate::api::runtime::{WatchTicker, Watches};
 use crate::locks;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::api::runtime::{EventRecorder, FluxEvent};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -23,6 +22,7 @@ use super::retire::{entries, retire_patch, Configuration, Retirement};
 use super::rotation::{decide, Step};
 use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
 use super::stored::Content;
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use rustls::pki_types::CertificateDer;
 
 /// Longest the leader goes without looking at the Secret.

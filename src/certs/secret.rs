@@ -15,7 +15,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::api::runtime::{EventRecorder, FluxEvent};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::Api;
@@ -27,6 +26,7 @@ use super::keeper::{SwappableCert, CA_FILE, CERT_FILE, KEY_FILE};
 use super::material::{material_from_pem, parse_certs};
 use super::rotation::Timing;
 use super::stored::Names;
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use crate::telemetry::SyncGuard;
 use crate::watch::retry::{retrying, works};
 

@@ -6,13 +6,13 @@
 
 use std::hash::Hash;
 
-use crate::api::runtime::{Retries, RetryArgs};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Reconciler;
+use crate::api::runtime::{Retries, RetryArgs};
 use crate::context::caught;
 
 /// Where a loop's objects come from and go back to.

@@ -8,11 +8,11 @@
 //! ExternalArtifact, which an Alert can select) once there is one; the
 //! Kubernetes Event stays on the Artifact.
 
-use crate::api::runtime::events::{META_DIGEST, META_REVISION};
-use crate::api::runtime::FluxEvent;
 use k8s_openapi::api::core::v1::ObjectReference as KubeObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
+use crate::api::runtime::events::{META_DIGEST, META_REVISION};
+use crate::api::runtime::FluxEvent;
 use crate::api::{reason, Artifact, ArtifactStatus, ObjectReference};
 
 /// The event a status change means, if any: `before` is the `Ready`

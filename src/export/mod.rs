@@ -36,7 +36,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
@@ -49,6 +48,7 @@ pub use plan::{
     path_from_url, plan, ready, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
+use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
 use crate::context::{caught, reconcile_result, Context, Error};

@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::api::runtime::{ControllerMetrics, ObjectLabels};
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::api::runtime::{ControllerMetrics, ObjectLabels};
 use crate::api::{Artifact, KIND};
 use crate::locks;
 

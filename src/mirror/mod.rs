@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::runtime::{ControllerId, ControllerMetrics};
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
@@ -35,6 +34,7 @@ pub use source::{FluxSource, Source, SourceKind};
 pub use store::Sources;
 pub use wake::Waker;
 
+use crate::api::runtime::{ControllerId, ControllerMetrics};
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::context::{apply_params, reconcile_result, Context, Error};
 use crate::control::{Reconciler, Requeue};

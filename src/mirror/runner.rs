@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::runtime::{Retries, RetryArgs};
 use futures::future::poll_fn;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -22,6 +21,7 @@ use tokio_util::time::{delay_queue, DelayQueue};
 use super::backlog::Backlog;
 use super::source::Source;
 use super::store::Sources;
+use crate::api::runtime::{Retries, RetryArgs};
 use crate::context::Error;
 use crate::control::{Reconciler, Requeue};
 

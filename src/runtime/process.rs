@@ -1,11 +1,12 @@
 //! What every `openflux run` process sets up for itself: the handler that
 //! turns SIGTERM or SIGINT into a shutdown, and its Event recorder.
 
-use crate::api::runtime::events::{Notifier, RetryPolicy};
-use crate::api::runtime::{EventRecorder, RuntimeArgs};
 use kube::runtime::events::Reporter;
 use kube::Client;
 use tokio_util::sync::CancellationToken;
+
+use crate::api::runtime::events::{Notifier, RetryPolicy};
+use crate::api::runtime::{EventRecorder, RuntimeArgs};
 
 /// Cancels `shutdown` at the first SIGTERM or SIGINT.
 pub fn spawn_signal_handler(shutdown: CancellationToken) {

@@ -13,7 +13,6 @@
 
 use std::collections::HashSet;
 
-use crate::api::runtime::events::{EventRecorder, FluxEvent};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::{Status, WatchEvent};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -25,6 +24,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::api::runtime::events::{EventRecorder, FluxEvent};
 
 /// Longest part of a decoding error kept (the error may quote the input).
 const ERROR_CHARS: usize = 300;

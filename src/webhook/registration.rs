@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::api::runtime::{EventRecorder, FluxEvent};
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
@@ -24,6 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::configuration::{self, Target, Write};
+use crate::api::runtime::{EventRecorder, FluxEvent};
 use crate::watch::retry::retrying;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
