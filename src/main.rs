@@ -204,6 +204,15 @@ mod tests {
         cmd.webhook
     }
 
+    /// `WebhookArgs::default()`, which tests start from, is what
+    /// `openflux run` has with no webhook flag.
+    #[test]
+    fn the_webhook_args_default_is_openflux_run_with_no_webhook_flag() {
+        let run = webhook_args(vec!["run".into()]);
+        assert_eq!(run, openflux::webhook::WebhookArgs::default());
+        assert_eq!(run.webhook_addr, ":9443".parse().unwrap());
+    }
+
     /// The shipped Deployment starts with nothing prepared: openflux keeps
     /// its certificates in a Secret it makes, and nothing is mounted. The
     /// mounted-certs component turns it back to a Secret made outside

@@ -24,17 +24,8 @@ pub fn serve(dir: &Path) -> anyhow::Result<()> {
             tls_cert_file: Some(dir.join("tls.crt")),
             tls_key_file: Some(dir.join("tls.key")),
             tls_ca_file: Some(dir.join("ca.crt")),
-            webhook_dns_names: vec![],
-            webhook_ips: vec![],
-            webhook_configuration: vec![],
-            webhook_cert_secret: None,
-            webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
-            webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
-            webhook_cert_renew_fraction: 0.67,
-            validating_webhook_service: None,
-            validating_webhook_port: "validate".into(),
-            no_cross_namespace_refs: false,
             tls_reload_interval_seconds: 1,
+            ..WebhookArgs::default()
         };
         let listener = tokio::net::TcpListener::bind(args.webhook_addr.socket_addr()).await?;
         println!("{}", listener.local_addr()?);

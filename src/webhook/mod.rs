@@ -116,6 +116,21 @@ pub struct WebhookArgs {
     pub tls_reload_interval_seconds: u64,
 }
 
+/// The flags' defaults: what `openflux run` has when no webhook flag is
+/// given.
+impl Default for WebhookArgs {
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Alone {
+            #[command(flatten)]
+            webhook: WebhookArgs,
+        }
+        <Alone as clap::Parser>::try_parse_from(["openflux"])
+            .expect("every webhook flag has a default or is optional")
+            .webhook
+    }
+}
+
 impl WebhookArgs {
     /// Where the certificate comes from.
     pub fn cert_source(&self) -> CertSource {

@@ -15,9 +15,11 @@ use hyper_util::rt::TokioIo;
 use openflux::index::OwnerIndex;
 use openflux::webhook::server::{answer, MAX_BODY_BYTES};
 use openflux::webhook::{self, Options, WebhookArgs, WebhookMetrics};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+
+use crate::accept_any::AcceptAny;
 
 use reviews::Rng;
 
@@ -36,20 +38,9 @@ struct Server {
 async fn start() -> Server {
     let args = WebhookArgs {
         webhook_addr: "127.0.0.1:0".parse().unwrap(),
-        tls_cert_file: None,
-        tls_key_file: None,
-        tls_ca_file: None,
         webhook_dns_names: vec!["localhost".into()],
         webhook_ips: vec!["127.0.0.1".parse().unwrap()],
-        webhook_configuration: vec![],
-        webhook_cert_secret: None,
-        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
-        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
-        webhook_cert_renew_fraction: 0.67,
-        validating_webhook_service: None,
-        validating_webhook_port: "validate".into(),
-        no_cross_namespace_refs: false,
-        tls_reload_interval_seconds: 5,
+        ..WebhookArgs::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -284,47 +275,6 @@ fn chaos_short_pass_through_the_decision_path() {
         *seen.entry(kind).or_insert(0u64) += 1;
     }
     assert_eq!(seen.len(), 3, "allowed, denied and 400 all seen: {seen:?}");
-}
-
-/// Accepts any server certificate: these tests are about bounds, not trust.
-#[derive(Debug)]
-struct AcceptAny;
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        openflux::certs::provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 /// Export targets that send every consumer to ExternalArtifact.

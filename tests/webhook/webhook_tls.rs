@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use crate::accept_any::AcceptAny;
+
 const REVIEW: &str = include_str!("../fixtures/admission/kustomization-create-custom.json");
 
 fn index() -> webhook::Knowledge {
@@ -175,18 +177,8 @@ async fn serves_tls_and_rotates_certificates_without_dropping_connections() {
         webhook_addr: "127.0.0.1:0".parse().unwrap(),
         tls_cert_file: Some(dir.path().join("tls.crt")),
         tls_key_file: Some(dir.path().join("tls.key")),
-        tls_ca_file: None,
-        webhook_dns_names: vec![],
-        webhook_ips: vec![],
-        webhook_configuration: vec![],
-        webhook_cert_secret: None,
-        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
-        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
-        webhook_cert_renew_fraction: 0.67,
-        validating_webhook_service: None,
-        validating_webhook_port: "validate".into(),
-        no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 1,
+        ..WebhookArgs::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -302,18 +294,8 @@ async fn shutdown_answers_kept_connections_and_asks_them_to_close() {
         webhook_addr: "127.0.0.1:0".parse().unwrap(),
         tls_cert_file: Some(dir.path().join("tls.crt")),
         tls_key_file: Some(dir.path().join("tls.key")),
-        tls_ca_file: None,
-        webhook_dns_names: vec![],
-        webhook_ips: vec![],
-        webhook_configuration: vec![],
-        webhook_cert_secret: None,
-        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
-        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
-        webhook_cert_renew_fraction: 0.67,
-        validating_webhook_service: None,
-        validating_webhook_port: "validate".into(),
-        no_cross_namespace_refs: false,
         tls_reload_interval_seconds: 1,
+        ..WebhookArgs::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -407,20 +389,10 @@ async fn shutdown_answers_kept_connections_and_asks_them_to_close() {
 async fn in_memory_certificate_is_made_for_the_given_names() {
     let args = WebhookArgs {
         webhook_addr: "127.0.0.1:0".parse().unwrap(),
-        tls_cert_file: None,
-        tls_key_file: None,
-        tls_ca_file: None,
         webhook_dns_names: vec!["localhost".into()],
         webhook_ips: vec!["127.0.0.1".parse().unwrap()],
         webhook_configuration: vec!["openflux".into()],
-        webhook_cert_secret: None,
-        webhook_ca_validity: openflux::certs::DEFAULT_CA_VALIDITY,
-        webhook_cert_validity: openflux::certs::DEFAULT_CERT_VALIDITY,
-        webhook_cert_renew_fraction: 0.67,
-        validating_webhook_service: None,
-        validating_webhook_port: "validate".into(),
-        no_cross_namespace_refs: false,
-        tls_reload_interval_seconds: 5,
+        ..WebhookArgs::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -458,45 +430,4 @@ async fn in_memory_certificate_is_made_for_the_given_names() {
         .unwrap()
         .unwrap()
         .unwrap();
-}
-
-/// Accepts any server certificate (the test checks it by hand).
-#[derive(Debug)]
-struct AcceptAny;
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        openflux::certs::provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
