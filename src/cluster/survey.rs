@@ -54,6 +54,39 @@ const SETTLE: Duration = Duration::from_millis(300);
 /// for: however many requests ask, the survey reads at most this often.
 pub const ASK_GAP: Duration = Duration::from_millis(500);
 
+/// Readings the webhook may ask for per [`ASK_WINDOW`], whatever the
+/// number of requests that ask: a new CRD is read on its watch event
+/// anyway, an asked reading only covers the watch's lag, so references to
+/// kinds no API serves cannot make each replica read discovery twice a
+/// second for ever.
+pub const ASKED_READINGS: usize = 10;
+pub const ASK_WINDOW: Duration = Duration::from_secs(60);
+
+/// The starts of the readings asked for in the last [`ASK_WINDOW`].
+#[derive(Debug, Default)]
+struct AskBudget {
+    starts: std::collections::VecDeque<Instant>,
+}
+
+impl AskBudget {
+    /// Takes a reading from the budget at `now`: when it may start, or
+    /// `None` when the budget is spent.
+    fn take(&mut self, now: Instant) -> Option<Instant> {
+        while self
+            .starts
+            .front()
+            .is_some_and(|s| now.duration_since(*s) >= ASK_WINDOW)
+        {
+            self.starts.pop_front();
+        }
+        if self.starts.len() >= ASKED_READINGS {
+            return None;
+        }
+        self.starts.push_back(now);
+        Some(now)
+    }
+}
+
 /// The survey's side of [`Fresh`].
 pub struct Asked {
     ask: Arc<Notify>,
@@ -173,6 +206,7 @@ impl Survey {
             poke.clone(),
             shutdown.clone(),
         ));
+        let mut budget = AskBudget::default();
         loop {
             let began = Instant::now();
             match read(&self.client, &self.flux_namespace).await {
@@ -185,11 +219,22 @@ impl Survey {
                 }
             }
             self.asked.read(began);
-            tokio::select! {
-                _ = poke.notified() => tokio::time::sleep(SETTLE).await,
-                _ = self.asked.asked() => tokio::time::sleep_until(began + ASK_GAP).await,
-                _ = tokio::time::sleep(SURVEY_PERIOD) => {}
-                _ = shutdown.cancelled() => break,
+            let next = began + SURVEY_PERIOD;
+            // An ask past the budget is left for the next poke or period.
+            let stop = loop {
+                tokio::select! {
+                    _ = poke.notified() => tokio::time::sleep(SETTLE).await,
+                    _ = self.asked.asked() => match budget.take(Instant::now()) {
+                        Some(at) => tokio::time::sleep_until(at.max(began + ASK_GAP)).await,
+                        None => continue,
+                    },
+                    _ = tokio::time::sleep_until(next) => {}
+                    _ = shutdown.cancelled() => break true,
+                }
+                break false;
+            };
+            if stop {
+                break;
             }
         }
         triggers.abort();
@@ -347,6 +392,27 @@ async fn read(client: &Client, flux_namespace: &str) -> Result<Reading, kube::Er
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However many requests ask, a window holds at most
+    /// [`ASKED_READINGS`] asked readings; the budget refills as the
+    /// window moves.
+    #[tokio::test(start_paused = true)]
+    async fn asked_readings_are_bounded_per_window() {
+        let mut budget = AskBudget::default();
+        let start = Instant::now();
+        let mut taken = 0;
+        for i in 0..1000u32 {
+            let now = start + ASK_GAP * i / 10;
+            if budget.take(now).is_some() {
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, ASKED_READINGS, "asks within {:?}", ASK_GAP * 100);
+        assert!(budget
+            .take(start + ASK_WINDOW - Duration::from_millis(1))
+            .is_none());
+        assert!(budget.take(start + ASK_WINDOW).is_some());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_reader_waits_for_a_reading_that_began_after_it_asked() {

@@ -3,7 +3,7 @@
 //! mirrored from. Decided from the owner index alone.
 
 use super::decision::Decision;
-use super::refs::{Located, SourceRef};
+use super::refs::{Located, SourceRef, MAX_KIND};
 use crate::api;
 use crate::cluster::facts::Facts;
 use crate::index::{LookupError, OwnerIndex};
@@ -216,7 +216,13 @@ const CLOSEST: usize = 3;
 /// The served kinds closest to `kind` of `group`, as `Kind.group`: the same
 /// kind in other groups, then kinds spelled within two edits of it
 /// (ignoring case), then the group's other kinds; at most [`CLOSEST`].
+/// Nothing for a kind longer than a kind may be (the reference's bounds
+/// refuse one before): the cost is O(served kinds) for a kind of at most
+/// [`MAX_KIND`] characters.
 fn closest_kinds(facts: &Facts, kind: &str, group: &str) -> Vec<String> {
+    if kind.len() > MAX_KIND {
+        return Vec::new();
+    }
     let lower = kind.to_ascii_lowercase();
     let mut ranked: Vec<(usize, String)> = Vec::new();
     for (served, groups) in &facts.kinds {

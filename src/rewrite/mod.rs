@@ -195,6 +195,8 @@ impl<'a> Decider<'a> {
         if field.is_stock(r.api_version.as_deref(), &r.kind) {
             return Ok(None);
         }
+        r.well_formed()
+            .map_err(|e| Decision::bad_request(format!("{}: {}.{e}", self.display, found.label)))?;
         if r.group() == Some(FLUX_SOURCE_GROUP) {
             if self.is_merge_leftover(field, found, &r) {
                 r.api_version = None;

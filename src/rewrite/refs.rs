@@ -37,17 +37,142 @@ impl SourceRef {
                 Some(_) => Err(format!("{field} is not a string")),
             }
         };
-        Ok(Self {
+        let r = Self {
             api_version: text("apiVersion")?,
             kind: text("kind")?.ok_or("kind is not set")?,
             name: text("name")?.ok_or("name is not set")?,
             namespace: text("namespace")?,
-        })
+        };
+        r.within_limits()?;
+        Ok(r)
+    }
+
+    /// Whether each field is within the length Kubernetes allows it, so
+    /// that whatever openflux does with a reference afterwards costs what
+    /// a reference of a valid object costs. Checked before anything else.
+    fn within_limits(&self) -> Result<(), String> {
+        let (group, version) = self
+            .api_version
+            .as_deref()
+            .map(split_api_version)
+            .unwrap_or_default();
+        let fields = [
+            ("kind", self.kind.as_str(), MAX_KIND, "a kind"),
+            ("name", self.name.as_str(), MAX_NAME, "a name"),
+            (
+                "namespace",
+                self.namespace.as_deref().unwrap_or_default(),
+                MAX_NAMESPACE,
+                "a namespace",
+            ),
+            ("apiVersion", group, MAX_GROUP, "an API group"),
+            ("apiVersion", version, MAX_VERSION, "an API version"),
+        ];
+        for (field, value, max, what) in fields {
+            if value.len() > max {
+                return Err(format!(
+                    "{field} is {} bytes long; {what} has at most {max} characters in Kubernetes",
+                    value.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether each field is spelled as Kubernetes spells it for a custom
+    /// source: the kind a CRD's `names.kind` (a DNS-1035 label once
+    /// lowercased), the group a DNS subdomain, the version a DNS-1035
+    /// label, the name a DNS subdomain and the namespace a DNS label.
+    /// Lengths are checked by [`Self::from_value`].
+    pub fn well_formed(&self) -> Result<(), String> {
+        let (group, version) = self
+            .api_version
+            .as_deref()
+            .map(split_api_version)
+            .unwrap_or_default();
+        let kind_ok = self.kind.starts_with(|c: char| c.is_ascii_alphabetic())
+            && self
+                .kind
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !self.kind.ends_with('-');
+        let checks = [
+            (kind_ok, "kind", self.kind.as_str(), "an identifier of letters, digits and '-' that starts with a letter, as a CRD's kind"),
+            (
+                group.is_empty() || is_dns_subdomain(group),
+                "apiVersion",
+                self.api_version.as_deref().unwrap_or_default(),
+                "GROUP/VERSION with a lowercase DNS name as the group",
+            ),
+            (
+                self.api_version.is_none() || is_dns1035_label(version),
+                "apiVersion",
+                self.api_version.as_deref().unwrap_or_default(),
+                "GROUP/VERSION with a version such as v1 or v1beta2",
+            ),
+            (
+                is_dns_subdomain(&self.name),
+                "name",
+                self.name.as_str(),
+                "a lowercase DNS name (letters, digits, '-' and '.')",
+            ),
+            (
+                self.namespace.as_deref().is_none_or(is_dns_label),
+                "namespace",
+                self.namespace.as_deref().unwrap_or_default(),
+                "a lowercase DNS label (letters, digits and '-')",
+            ),
+        ];
+        for (ok, field, value, should) in checks {
+            if !ok {
+                return Err(format!("{field} {value:?} is not {should}"));
+            }
+        }
+        Ok(())
     }
 
     pub fn group(&self) -> Option<&str> {
         self.api_version.as_deref().map(|v| split_api_version(v).0)
     }
+}
+
+/// Longest kind: a CRD's `names.kind` is a DNS-1035 label once lowercased.
+pub const MAX_KIND: usize = 63;
+/// Longest API group: a DNS subdomain.
+pub const MAX_GROUP: usize = 253;
+/// Longest API version: a DNS-1035 label.
+pub const MAX_VERSION: usize = 63;
+/// Longest object name: a DNS subdomain.
+pub const MAX_NAME: usize = 253;
+/// Longest namespace: a DNS label.
+pub const MAX_NAMESPACE: usize = 63;
+
+/// Lowercase letters, digits and '-', starting and ending with a letter
+/// or digit (of any length).
+fn is_label_shaped(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 label: label-shaped, at most 63 characters.
+fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_shaped(s)
+}
+
+/// A DNS-1035 label: a DNS-1123 label that starts with a letter.
+fn is_dns1035_label(s: &str) -> bool {
+    is_dns_label(s) && s.starts_with(|c: char| c.is_ascii_lowercase())
+}
+
+/// A DNS-1123 subdomain as Kubernetes checks one: label-shaped parts
+/// joined by '.', at most 253 characters in all (no part is held to 63:
+/// Kubernetes' own check does not, so a name of 64 or more characters
+/// without a dot is a valid object name).
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label_shaped)
 }
 
 /// Where a reference is, as people read it in messages, e.g.

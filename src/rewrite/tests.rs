@@ -125,3 +125,124 @@ fn a_flux_api_version_beside_a_custom_kind_needs_a_stored_rewrite_to_explain_it(
     };
     assert!(message.contains("leave apiVersion out"), "{message}");
 }
+
+/// Every field of a reference is held to its Kubernetes length before any
+/// other work, and the refusal names the field without echoing the value:
+/// at the limit a field passes, one past it is refused, and so is a value
+/// of megabytes.
+#[test]
+fn references_over_the_kubernetes_limits_are_refused_before_any_other_work() {
+    use super::refs::{MAX_GROUP, MAX_KIND, MAX_NAME, MAX_NAMESPACE, MAX_VERSION};
+    let kind = |n: usize| format!("H{}", "q".repeat(n - 1));
+    let label = |n: usize| format!("a{}", "b".repeat(n - 1));
+    let group = |n: usize| {
+        // Labels of 50 joined by '.', cut to n.
+        let long = vec!["x".repeat(49); n / 50 + 1].join(".");
+        let mut g = long[..n].to_string();
+        if g.ends_with('.') {
+            g.replace_range(n - 1.., "y");
+        }
+        g
+    };
+    /// A field, a reference whose field has `n` bytes, the field's limit.
+    type Case = (&'static str, Box<dyn Fn(usize) -> Value>, usize);
+    let cases: Vec<Case> = vec![
+        (
+            "kind",
+            Box::new(move |n| json!({"apiVersion": HTTP, "kind": kind(n), "name": "web"})),
+            MAX_KIND,
+        ),
+        (
+            "name",
+            Box::new(move |n| json!({"apiVersion": HTTP, "kind": "HttpSource", "name": label(n)})),
+            MAX_NAME,
+        ),
+        (
+            "namespace",
+            Box::new(
+                move |n| json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "web", "namespace": label(n)}),
+            ),
+            MAX_NAMESPACE,
+        ),
+        (
+            "apiVersion",
+            Box::new(
+                move |n| json!({"apiVersion": format!("{}/v1", group(n)), "kind": "HttpSource", "name": "web"}),
+            ),
+            MAX_GROUP,
+        ),
+        (
+            "apiVersion",
+            Box::new(
+                move |n| json!({"apiVersion": format!("sources.openflux.dev/{}", label(n)), "kind": "HttpSource", "name": "web"}),
+            ),
+            MAX_VERSION,
+        ),
+    ];
+    for (field, reference, max) in &cases {
+        for n in [*max, max + 1, 3 << 20] {
+            let object = kustomization(reference(n));
+            let decision = decide_kustomization(&object, None, "apps");
+            let refused = matches!(&decision, Decision::Error { code: 400, message }
+                if message.contains(&format!("spec.sourceRef.{field} is {n} bytes long")) && message.len() < 400);
+            assert_eq!(
+                refused,
+                n > *max,
+                "{field} of {n} bytes: {:.300}",
+                format!("{decision:?}")
+            );
+        }
+    }
+}
+
+/// A custom reference must be spelled as Kubernetes spells kinds, groups,
+/// versions, names and namespaces; a stock one is Flux's to judge.
+#[test]
+fn custom_references_must_be_well_formed() {
+    for (reference, field) in [
+        (
+            json!({"apiVersion": HTTP, "kind": "Http Source", "name": "web"}),
+            "kind",
+        ),
+        (
+            json!({"apiVersion": HTTP, "kind": "1HttpSource", "name": "web"}),
+            "kind",
+        ),
+        (
+            json!({"apiVersion": "Sources.Example/v1", "kind": "HttpSource", "name": "web"}),
+            "apiVersion",
+        ),
+        (
+            json!({"apiVersion": "sources.example.com/V1", "kind": "HttpSource", "name": "web"}),
+            "apiVersion",
+        ),
+        (
+            json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "Web"}),
+            "name",
+        ),
+        (
+            json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "web", "namespace": "a.b"}),
+            "namespace",
+        ),
+    ] {
+        let decision = decide_kustomization(&kustomization(reference.clone()), None, "apps");
+        assert!(
+            matches!(&decision, Decision::Error { code: 400, message } if message.contains(&format!("spec.sourceRef.{field} "))),
+            "{reference}: {decision:?}"
+        );
+    }
+    // A name of 253 characters with no dot is a valid object name.
+    let long = json!({"apiVersion": HTTP, "kind": "HttpSource", "name": "w".repeat(253)});
+    assert!(
+        !matches!(
+            decide_kustomization(&kustomization(long), None, "apps"),
+            Decision::Error { .. }
+        ),
+        "a 253-character name"
+    );
+    let stock = json!({"apiVersion": FLUX, "kind": "GitRepository", "name": "Not_A_Name"});
+    assert_eq!(
+        decide_kustomization(&kustomization(stock), None, "apps"),
+        Decision::Unchanged
+    );
+}

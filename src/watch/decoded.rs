@@ -25,6 +25,7 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::depth::{DECODER_DEPTH, MANAGED_FIELDS_DEPTH};
 use crate::api::runtime::events::{EventRecorder, FluxEvent};
 
 /// Longest part of a decoding error kept (the error may quote the input).
@@ -115,10 +116,24 @@ pub fn decode<K: DeserializeOwned>(json: &str) -> Decoded<K> {
                 name: meta.name.unwrap_or_default(),
                 uid: meta.uid,
                 resource_version: meta.resource_version,
-                error: cut(&error.to_string(), ERROR_CHARS),
+                error: cut(&explain(&error), ERROR_CHARS),
             })
         }
     }
+}
+
+/// The decoder's error, said so that a person knows what to change: the
+/// recursion limit (which the API server does not have) names the depth.
+fn explain(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    if !text.starts_with("recursion limit exceeded") {
+        return text;
+    }
+    format!(
+        "it is nested deeper than {DECODER_DEPTH} levels, counting the copy of its fields \
+         {MANAGED_FIELDS_DEPTH} levels deeper in metadata.managedFields (flatten the deepest field, \
+         such as an Artifact's spec.exportedInputs) ({text})"
+    )
 }
 
 /// One line of a watch: its type and its object, in either order.
@@ -315,6 +330,7 @@ mod tests {
     use super::*;
     use crate::api::Artifact;
     use kube::core::ObjectList;
+    use serde_json::json;
 
     fn artifact(name: &str, last_update: &str, size: &str) -> String {
         format!(
@@ -411,6 +427,56 @@ mod tests {
             panic!("decoded")
         };
         assert_eq!((bad.kind.as_str(), bad.name.as_str()), ("", ""));
+    }
+
+    /// An Artifact whose `spec.exportedInputs` nests `levels` objects
+    /// deep, with the managed fields the API server keeps for it: a copy of
+    /// each of its maps in `fieldsV1`, each field one object there.
+    fn deep_artifact(levels: usize) -> String {
+        let inputs = (0..levels).fold(json!("leaf"), |inner, _| json!({ "l": inner }));
+        let fields = (0..levels).fold(json!({}), |inner, _| json!({".": {}, "f:l": inner}));
+        let artifact = json!({
+            "apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact",
+            "metadata": {"name": "deep", "namespace": "t", "uid": "u-deep", "resourceVersion": "8",
+                         "managedFields": [{"manager": "producer", "operation": "Apply",
+                                            "apiVersion": "openflux.dev/v1alpha1", "fieldsType": "FieldsV1",
+                                            "fieldsV1": {"f:spec": {"f:url": {}, "f:revision": {},
+                                                                    "f:exportedInputs": fields}}}]},
+            "spec": {"url": "http://x/a.tgz", "revision": "r", "exportedInputs": inputs},
+        });
+        serde_json::to_string(&artifact).unwrap()
+    }
+
+    /// The deepest Artifact the webhook admits is one the controllers
+    /// decode, managed fields and all; one level more is set aside, and
+    /// what is reported says it is too deep, on the object by its key.
+    #[test]
+    fn the_deepest_artifact_admitted_is_decoded_and_a_deeper_one_is_reported() {
+        use crate::watch::depth::MAX_DEPTH;
+        // serde_json's limit, counted from the outermost object.
+        let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(DECODER_DEPTH)).is_ok());
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(DECODER_DEPTH + 1)).is_err());
+        // spec.exportedInputs is level 3 of the Artifact.
+        let fits = MAX_DEPTH - 2;
+        assert!(
+            matches!(decode::<Artifact>(&deep_artifact(fits)), Decoded::Object(_)),
+            "{fits} levels"
+        );
+        for levels in [fits + 1, 130] {
+            let Decoded::<Artifact>::Undecodable(bad) = decode(&deep_artifact(levels)) else {
+                panic!("{levels} levels decoded")
+            };
+            assert_eq!(bad.key(), "t/deep");
+            assert_eq!(bad.uid.as_deref(), Some("u-deep"));
+            let message = bad.message();
+            assert!(bad.error.chars().count() <= ERROR_CHARS, "{}", bad.error);
+            assert!(
+                message.contains("nested deeper than 127 levels")
+                    && message.contains("spec.exportedInputs"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub mod backoff;
 pub mod change;
 pub mod decoded;
+pub mod depth;
 #[cfg(test)]
 pub(crate) mod fake_api;
 pub mod retry;

@@ -10,6 +10,15 @@
 //! way keeps its type's answers (`null` stays null, a scalar stays itself,
 //! a list becomes an empty list, so `get`, `is_object` and `is_null` say
 //! the same).
+//!
+//! One exception, so that reading never fails on depth: a kept value is
+//! kept down to one level past [`MAX_DEPTH`] of its object (the object
+//! itself being level 1), and an object or list at that level is kept
+//! empty. An object kept so nests deeper than any object openflux's
+//! controllers can decode, which the decision refuses for an Artifact
+//! ([`crate::webhook::writer`]); without the cut serde_json would stop at
+//! its own limit (counted from the AdmissionReview, two levels above the
+//! object) and the request could not be read at all.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -21,6 +30,7 @@ use crate::api::SOURCE_REF_ANNOTATION;
 use crate::export::trust::EXPORT_INPUTS;
 use crate::vocabulary::consumers::CONSUMERS;
 use crate::vocabulary::marks::WRITER_ANNOTATION;
+use crate::watch::depth::MAX_DEPTH;
 
 /// Which parts of a value to keep.
 #[derive(Debug, Default)]
@@ -85,21 +95,39 @@ pub fn object_keep() -> &'static Keep {
     })
 }
 
-/// Deserializes a value keeping what `Keep` says.
+/// Deserializes an object keeping what `Keep` says.
 pub struct Pruned<'k>(pub &'k Keep);
 
 impl<'de> DeserializeSeed<'de> for Pruned<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        if self.0.whole {
-            return serde::Deserialize::deserialize(deserializer);
+        Within {
+            keep: self.0,
+            level: 1,
+        }
+        .deserialize(deserializer)
+    }
+}
+
+/// [`Pruned`] for a value at `level` of its object (the object is 1).
+struct Within<'k> {
+    keep: &'k Keep,
+    level: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Within<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        if self.keep.whole {
+            return Bounded(self.level).deserialize(deserializer);
         }
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Pruned<'_> {
+impl<'de> Visitor<'de> for Within<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -138,15 +166,93 @@ impl<'de> Visitor<'de> for Pruned<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut kept = Map::new();
-        while let Some(key) = map.next_key_seed(KeySeed(self.0))? {
+        while let Some(key) = map.next_key_seed(KeySeed(self.keep))? {
             match key {
                 Some((name, keep)) => {
-                    kept.insert(name.to_string(), map.next_value_seed(Pruned(keep))?);
+                    let value = map.next_value_seed(Within {
+                        keep,
+                        level: self.level + 1,
+                    })?;
+                    kept.insert(name.to_string(), value);
                 }
                 None => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
+        }
+        Ok(Value::Object(kept))
+    }
+}
+
+/// A value kept whole, read as `serde_json::Value` reads it, except that
+/// an object or list past [`MAX_DEPTH`] is kept empty (its contents
+/// skipped, which serde_json does without recursing).
+struct Bounded(usize);
+
+impl<'de> DeserializeSeed<'de> for Bounded {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Bounded {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        self.deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut kept = Vec::new();
+        if self.0 > MAX_DEPTH {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            return Ok(Value::Array(kept));
+        }
+        while let Some(value) = seq.next_element_seed(Bounded(self.0 + 1))? {
+            kept.push(value);
+        }
+        Ok(Value::Array(kept))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut kept = Map::new();
+        if self.0 > MAX_DEPTH {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return Ok(Value::Object(kept));
+        }
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(Bounded(self.0 + 1))?;
+            kept.insert(key, value);
         }
         Ok(Value::Object(kept))
     }
@@ -269,6 +375,73 @@ mod tests {
             assert_eq!(prune(&json!({"spec": spec})), json!({"spec": kept}));
         }
         assert_eq!(prune(&json!([1, 2])), json!([]));
+    }
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::*;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    /// An AdmissionReview's two levels above its object, as the webhook
+    /// reads them.
+    #[derive(Deserialize)]
+    struct Review {
+        request: Request,
+    }
+    #[derive(Deserialize)]
+    struct Request {
+        #[serde(deserialize_with = "pruned_object")]
+        object: Option<Value>,
+    }
+
+    /// Objects or lists on the deepest path of `value`.
+    fn depth(value: &Value) -> usize {
+        match value {
+            Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// A kept value nested past what the controllers read is kept to one
+    /// level more, the object there empty, and reading never fails on
+    /// depth, however deep the text: serde_json alone would stop at its
+    /// limit (two levels sooner in a review than in the object alone).
+    #[test]
+    fn a_kept_value_is_kept_to_one_level_past_what_the_controllers_read() {
+        for levels in [
+            MAX_DEPTH - 3,
+            MAX_DEPTH - 2,
+            MAX_DEPTH - 1,
+            126,
+            200,
+            100_000,
+        ] {
+            for (open, close) in [("{\"l\":", "}"), ("[", "]")] {
+                let inputs = format!("{}1{}", open.repeat(levels), close.repeat(levels));
+                let text = format!(
+                    r#"{{"request": {{"object": {{"metadata": {{"name": "a", "managedFields": [{inputs}]}},
+                       "spec": {{"url": "u", "exportedInputs": {inputs}}}}}}}}}"#
+                );
+                let review: Review = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{levels} levels of {open}: {e}"));
+                let object = review.request.object.unwrap();
+                // The object, spec, then the inputs.
+                assert_eq!(
+                    depth(&object),
+                    (levels + 2).min(MAX_DEPTH + 1),
+                    "{levels} levels of {open}"
+                );
+                assert_eq!(object["spec"]["url"], json!("u"));
+                assert_eq!(object["metadata"], json!({"name": "a"}));
+                if levels + 2 <= MAX_DEPTH {
+                    let whole: Value = serde_json::from_str(&inputs).unwrap();
+                    assert_eq!(object["spec"]["exportedInputs"], whole);
+                }
+            }
+        }
     }
 }
 
