@@ -99,17 +99,17 @@ pub fn note(logs: &LogBudget, answer: &Answer) {
             };
             match (decision, review) {
                 (Some(Decision::Deny { message } | Decision::NotServed { message }), _) => {
-                    tracing::info!(%uid, consumer, %namespace, %name, outcome, %message, suppressed, "denied")
+                    tracing::info!(%uid, consumer, %namespace, %name, outcome, reason = %message, suppressed, "denied")
                 }
                 (Some(Decision::Error { code, message }), _) if *code >= 500 => {
-                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                    tracing::error!(%uid, consumer, %namespace, %name, outcome, code, error = %message, suppressed, "not decided")
                 }
                 (Some(Decision::Error { code, message }), _) => {
-                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, %message, suppressed, "not decided")
+                    tracing::warn!(%uid, consumer, %namespace, %name, outcome, code, error = %message, suppressed, "not decided")
                 }
                 (_, Err(message)) => {
                     let status = answer.status.as_u16();
-                    tracing::warn!(status, %message, suppressed, "admission request refused")
+                    tracing::warn!(status, error = %message, suppressed, "admission request refused")
                 }
                 _ => {}
             }
@@ -118,8 +118,104 @@ pub fn note(logs: &LogBudget, answer: &Answer) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// A writer into memory, for the log lines of a test.
+    #[derive(Clone, Default)]
+    pub(in crate::webhook) struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Lines {
+        /// A subscriber writing Flux's JSON lines here.
+        pub(in crate::webhook) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+            use crate::api::runtime::flags::LogEncoding;
+            use crate::api::runtime::logging::FluxLog;
+            use tracing_subscriber::layer::SubscriberExt;
+            let writer = self.clone();
+            tracing_subscriber::registry()
+                .with(FluxLog::new(LogEncoding::Json, move || writer.clone()))
+        }
+
+        /// The lines written, parsed.
+        pub(in crate::webhook) fn parsed(&self) -> Vec<serde_json::Value> {
+            let text = String::from_utf8(crate::locks::lock(&self.0).clone()).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        }
+    }
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            crate::locks::lock(&self.0).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Each line about a request keeps its own msg, and what the decision
+    /// or the refusal said is a field beside it: a field named `message`
+    /// would be taken as the line's msg.
+    #[test]
+    fn a_decisions_message_is_a_field_beside_the_lines_msg() {
+        let lines = Lines::default();
+        let subscriber = lines.subscriber();
+        let answered = |decision: Option<Decision>, review: Result<Vec<u8>, String>| Answer {
+            status: axum::http::StatusCode::BAD_REQUEST,
+            review,
+            consumer: "kustomizations",
+            outcome: "denied",
+            subject: ["u".into(), "n".into(), "k".into()],
+            decision,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let logs = LogBudget::default();
+            note(
+                &logs,
+                &answered(
+                    Some(Decision::Deny {
+                        message: "no such source".into(),
+                    }),
+                    Ok(Vec::new()),
+                ),
+            );
+            note(
+                &logs,
+                &answered(
+                    Some(Decision::Error {
+                        code: 400,
+                        message: "kind too long".into(),
+                    }),
+                    Ok(Vec::new()),
+                ),
+            );
+            note(&logs, &answered(None, Err("not an AdmissionReview".into())));
+        });
+        let logged = lines.parsed();
+        let pairs: Vec<_> = logged
+            .iter()
+            .map(|l| {
+                (
+                    l["msg"].as_str(),
+                    l["reason"].as_str().or(l["error"].as_str()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                (Some("denied"), Some("no such source")),
+                (Some("not decided"), Some("kind too long")),
+                (
+                    Some("admission request refused"),
+                    Some("not an AdmissionReview")
+                ),
+            ],
+            "{logged:?}"
+        );
+    }
 
     #[test]
     fn encodes_counts_and_durations() {

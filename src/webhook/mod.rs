@@ -15,6 +15,7 @@
 pub mod answer;
 pub mod cabundle;
 pub mod configuration;
+mod connection;
 mod consumer;
 pub mod drain;
 pub mod large;

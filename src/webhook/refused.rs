@@ -1,5 +1,5 @@
 //! A request the webhook refuses before deciding it: too large, too many
-//! in flight, unreadable, or not answered in time. Each is an HTTP status
+//! in flight, unreadable, its body too slow, or not answered in time. Each is an HTTP status
 //! with a plain-text reason (no AdmissionReview can answer it), counted and
 //! logged as an `error` outcome.
 
@@ -7,7 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::answer::Answer;
-use super::limits::{BodyError, REQUEST_TIMEOUT};
+use super::limits::{BodyError, BODY_READ_TIMEOUT, REQUEST_TIMEOUT};
 
 /// A request refused before it was decided.
 pub(super) enum Refused {
@@ -15,6 +15,8 @@ pub(super) enum Refused {
     Busy,
     Unreadable(String),
     TimedOut,
+    /// The body did not arrive within [`BODY_READ_TIMEOUT`].
+    SlowBody,
 }
 
 impl Refused {
@@ -23,7 +25,7 @@ impl Refused {
             Refused::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refused::Busy => StatusCode::TOO_MANY_REQUESTS,
             Refused::Unreadable(_) => StatusCode::BAD_REQUEST,
-            Refused::TimedOut => StatusCode::REQUEST_TIMEOUT,
+            Refused::TimedOut | Refused::SlowBody => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -33,6 +35,11 @@ impl Refused {
             Refused::Busy => "too many admission requests in flight; retry".into(),
             Refused::Unreadable(why) => why.clone(),
             Refused::TimedOut => format!("the request was not answered within {REQUEST_TIMEOUT:?}"),
+            Refused::SlowBody => {
+                format!(
+                    "the request body did not arrive within {BODY_READ_TIMEOUT:?} of its headers"
+                )
+            }
         }
     }
 

@@ -2,27 +2,28 @@
 //! for `POST /mutate` served over rustls, HTTP/1.1 and HTTP/2.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use axum::body::BodyDataStream;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 pub use super::answer::{answer, answer_parsed, answer_validation, Answer};
+use super::drain::Peer;
 use super::large::LargeParser;
-use super::limits::{content_length, Admission, LogBudget, LARGE_QUEUE_WAIT, SMALL_BODY_BYTES};
+use super::limits::{
+    content_length, discard, read_stream, Admission, LogBudget, BODY_READ_TIMEOUT,
+    LARGE_QUEUE_WAIT, SMALL_BODY_BYTES,
+};
 pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use super::metrics::WebhookMetrics;
 use super::refused::Refused;
@@ -40,26 +41,22 @@ const JSON: header::HeaderValue = header::HeaderValue::from_static("application/
 pub const MUTATE_PATH: &str = "/mutate";
 /// Path the API server posts AdmissionReviews of the validating webhook to.
 pub const VALIDATE_PATH: &str = "/validate";
-/// Time a client gets to finish the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time a client gets to send the headers of a request.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time a connection may sit with no request in flight (from its accept,
-/// or from its last request) before it is closed: longer than the API server keeps an idle connection (Go's 90 s),
-/// so it closes its own first and never sends on one closing here.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a request whose reference names a kind no API serves waits
 /// for the survey to read the cluster again (a CRD created a moment ago
 /// shows there) before it is refused.
 pub const NOT_SERVED_WAIT: Duration = Duration::from_secs(2);
-/// Time a request waits for room among the requests in flight before it
-/// is answered 429 with `Retry-After: 1` (the API server retries a 429).
+/// Time a request waits for room (to read its body, then among the
+/// requests decided at once) before it is answered 429 with
+/// `Retry-After: 1` (the API server retries a 429).
 pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
 /// Connections open at once. Past it, a new connection takes the place of
-/// the oldest that has not sent a request yet, so connections that only
-/// connect cannot keep the API server's out; when every one has sent a
-/// request, the new one is closed.
+/// the oldest that has not sent a request yet, else of the one idle the
+/// longest (no request in flight), so neither connections that only
+/// connect nor ones that send a request now and then can keep the API
+/// server's out; when every one has a request in flight, the new one is
+/// closed.
 pub const MAX_CONNECTIONS: usize = 1024;
+
 /// Time requests in flight get to finish at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub use super::drain::SHUTDOWN_DRAIN;
@@ -138,9 +135,22 @@ type Answering = fn(Result<AdmissionRequest, ReviewError>, View<'_>, &Options) -
 
 async fn respond(state: &AppState, request: Request, answering: Answering) -> Response {
     let started = Instant::now();
-    let handled = tokio::time::timeout(REQUEST_TIMEOUT, handle(state, request, answering)).await;
-    let (answer, response) = match handled {
-        Ok(Ok(mut answer)) => {
+    let declared = content_length(request.headers());
+    let peer = request.extensions().get::<Peer>().map(|p| p.0);
+    let mut body = request.into_body().into_data_stream();
+    let handling = handle(state, declared, peer, &mut body, answering);
+    let answer = match tokio::time::timeout(REQUEST_TIMEOUT, handling).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(refused)) => Err(refused),
+        Err(_) => Err(Refused::TimedOut),
+    };
+    // Whatever the answer, what is still arriving of the body is read and
+    // dropped first (bounded), so the client reads the answer rather than
+    // a reset in the middle of its body. A body read whole ends at once.
+    discard(&mut body).await;
+    let (answer, response) = match answer {
+        Ok(mut answer) => {
+            super::metrics::note(&state.logs, &answer);
             let (status, json) = (answer.status, [(header::CONTENT_TYPE, JSON)]);
             let response = match &mut answer.review {
                 Ok(review) => (status, json, std::mem::take(review)).into_response(),
@@ -148,13 +158,12 @@ async fn respond(state: &AppState, request: Request, answering: Answering) -> Re
             };
             (answer, response)
         }
-        Ok(Err(refused)) => (refused.answer(), refused.response()),
-        Err(_) => {
-            let refused = Refused::TimedOut;
-            (refused.answer(), refused.response())
+        Err(refused) => {
+            let answer = refused.answer();
+            super::metrics::note(&state.logs, &answer);
+            (answer, refused.response())
         }
     };
-    super::metrics::note(&state.logs, &answer);
     state.metrics.observe(
         answer.consumer,
         answer.outcome,
@@ -163,28 +172,42 @@ async fn respond(state: &AppState, request: Request, answering: Answering) -> Re
     response
 }
 
+/// Reads the body of `declared` bytes from `peer` within the budgets and
+/// decides it; the stream is left where reading stopped.
 async fn handle(
     state: &AppState,
-    request: Request,
+    declared: Option<u64>,
+    peer: Option<std::net::IpAddr>,
+    body: &mut BodyDataStream,
     answering: Answering,
 ) -> Result<Answer, Refused> {
-    let declared = content_length(request.headers());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(Refused::TooLarge);
     }
-    let wait = match declared {
-        Some(n) if n <= SMALL_BODY_BYTES => QUEUE_WAIT,
-        _ => LARGE_QUEUE_WAIT,
+    let wait = match Admission::is_large(declared) {
+        true => LARGE_QUEUE_WAIT,
+        false => QUEUE_WAIT,
     };
-    let admitted = state.admission.enter(declared, MAX_BODY_BYTES as u64, wait);
-    let permit = admitted.await.ok_or(Refused::Busy)?;
-    let body = match read_body(request.into_body(), MAX_BODY_BYTES).await {
-        Ok(body) => body,
-        Err(BodyError::TooLarge) => return Err(Refused::TooLarge),
-        Err(e) => return Err(Refused::Unreadable(e.to_string())),
+    let max = MAX_BODY_BYTES as u64;
+    let Some(_reserved) = state.admission.reserve(peer, declared, max, wait).await else {
+        return Err(Refused::Busy);
+    };
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, read_stream(body, MAX_BODY_BYTES));
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(BodyError::TooLarge)) => return Err(Refused::TooLarge),
+        Ok(Err(e)) => return Err(Refused::Unreadable(e.to_string())),
+        Err(_) => return Err(Refused::SlowBody),
     };
     let arrived = tokio::time::Instant::now();
-    let answer = decide_body(state, &body, answering).await?;
+    let answer = {
+        let _deciding = state
+            .admission
+            .enter(QUEUE_WAIT)
+            .await
+            .ok_or(Refused::Busy)?;
+        decide_body(state, &body, answering).await?
+    };
     let Some(fresh) = &state.knowledge.fresh else {
         return Ok(answer);
     };
@@ -193,14 +216,20 @@ async fn handle(
     }
     // The kind may belong to a CRD created a moment ago, which the survey
     // has not read yet: ask it to read the cluster again (however many
-    // requests ask, it reads at most every `ASK_GAP`) and decide once more
-    // on what it read. The slot is free meanwhile.
-    drop(permit);
+    // requests ask, it reads at most as often as its budget of asked
+    // readings allows) and decide once more on what it read. No place
+    // among the decisions is held while waiting; the body stays within
+    // its budget.
     let deadline = arrived + NOT_SERVED_WAIT;
     let mut since = arrived;
     let mut answer = answer;
     while fresh.reading_since(since, deadline).await {
         since = tokio::time::Instant::now();
+        let _deciding = state
+            .admission
+            .enter(QUEUE_WAIT)
+            .await
+            .ok_or(Refused::Busy)?;
         answer = decide_body(state, &body, answering).await?;
         if !matches!(answer.decision, Some(Decision::NotServed { .. })) {
             break;
@@ -277,8 +306,8 @@ pub async fn serve_tls(
                         continue;
                     }
                     let span = tracing::debug_span!("connection", %peer);
-                    let first = waiting.enter();
-                    let serve = connection(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone(), first);
+                    let first = waiting.enter(peer.ip().to_canonical());
+                    let serve = super::connection::serve(acceptor.clone(), tcp, peer, app.clone(), stop_rx.clone(), first);
                     connections.spawn(serve.instrument(span));
                 }
                 Err(error) => {
@@ -306,83 +335,16 @@ pub async fn serve_tls(
     }
 }
 
-async fn connection(
-    acceptor: TlsAcceptor,
-    tcp: TcpStream,
-    peer: SocketAddr,
-    app: Router,
-    mut stop: watch::Receiver<()>,
-    first: super::drain::FirstRequest,
-) {
-    let _ = tcp.set_nodelay(true);
-    // A handshake under way at shutdown has no request in flight: drop it.
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-    let tls = tokio::select! {
-        done = handshake => match done {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(error)) => {
-                tracing::debug!(%peer, %error, "TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "TLS handshake timed out");
-                return;
-            }
-        },
-        _ = stop.changed() => return,
-        () = first.evicted() => return,
-    };
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
-        .keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(20));
-    let activity = super::drain::Activity::new(first);
-    let service = TowerToHyperService::new(activity.track(app));
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(conn);
-    let mut idle_check = tokio::time::interval(IDLE_TIMEOUT / 4);
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "webhook connection ended with an error");
-                }
-                return;
-            }
-            _ = stop.changed() => break,
-            // Nothing asked yet: the place goes to a newer connection.
-            () = activity.evicted(), if !activity.asked() => {
-                tracing::debug!(%peer, "connection without a request closed for a newer one");
-                return;
-            }
-            _ = idle_check.tick() => {
-                if activity.idle_for() > IDLE_TIMEOUT {
-                    tracing::debug!(%peer, "closing an idle connection");
-                    break;
-                }
-            }
-        }
-    }
-    conn.as_mut().graceful_shutdown();
-    if let Err(error) = conn.await {
-        tracing::debug!(%peer, %error, "webhook connection ended with an error");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::body::{Body, Bytes};
     use axum::http::Request;
     use axum::http::StatusCode;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use tower::ServiceExt;
+
+    use super::super::limits::DRAIN_GRACE;
 
     fn app() -> Router {
         let mut index = OwnerIndex::new();
@@ -584,8 +546,12 @@ mod tests {
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 
+    /// A body that never ends is cut at [`BODY_READ_TIMEOUT`] (408) and
+    /// holds only its peer's share of the body budget meanwhile: another
+    /// body of unknown size from that peer finds no room (429 with
+    /// `Retry-After`), a small one is answered.
     #[tokio::test(start_paused = true)]
-    async fn busy_answers_429_with_retry_after_and_stalled_bodies_408() {
+    async fn stalled_bodies_time_out_and_hold_only_their_share() {
         let mut index = OwnerIndex::new();
         index.reset([]);
         let mut state = AppState::new(
@@ -597,14 +563,14 @@ mod tests {
             WebhookMetrics::default(),
             Options::default(),
         );
-        state.admission = Admission::new(1, 1 << 20);
+        state.admission = Admission::new(1, 1 << 20, 1 << 20);
         let app = router(state.clone());
         let request = |body: Body| Request::post(MUTATE_PATH).body(body).unwrap();
-        // A body that never ends holds the only slot until the timeout.
         let stalled =
             Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let started = tokio::time::Instant::now();
         let first = tokio::spawn(app.clone().oneshot(request(stalled)));
-        while state.admission.available() > 0 {
+        for _ in 0..10 {
             tokio::task::yield_now().await;
         }
         let busy = app
@@ -614,11 +580,121 @@ mod tests {
             .unwrap();
         assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        let small = Request::post(MUTATE_PATH)
+            .header(header::CONTENT_LENGTH, "1")
+            .body(Body::from("{"))
+            .unwrap();
+        let answered = app.clone().oneshot(small).await.unwrap();
+        assert_eq!(answered.status(), StatusCode::BAD_REQUEST);
         let timed_out = first.await.unwrap().unwrap();
         assert_eq!(timed_out.status(), StatusCode::REQUEST_TIMEOUT);
+        // Nothing more arrived: the answer went once the drain's grace was
+        // over.
+        assert_eq!(started.elapsed(), BODY_READ_TIMEOUT + DRAIN_GRACE);
         // Room again once it is gone.
         let (status, _) = post("{").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+
+    /// A body of `chunks` pieces of 64 KiB, one every `gap`; `ended` is set
+    /// once it has been read to its end.
+    fn arriving(chunks: usize, gap: Duration, ended: Arc<AtomicBool>) -> Body {
+        let pieces = futures::stream::unfold(0, move |sent| {
+            let ended = ended.clone();
+            async move {
+                if sent == chunks {
+                    ended.store(true, Ordering::SeqCst);
+                    return None;
+                }
+                tokio::time::sleep(gap).await;
+                Some((Ok::<_, std::io::Error>(vec![b' '; 64 * 1024]), sent + 1))
+            }
+        });
+        Body::from_stream(pieces)
+    }
+
+    /// A webhook with room to read one large body at a time.
+    fn narrow() -> Router {
+        let mut state = AppState::new(
+            Knowledge::default(),
+            WebhookMetrics::default(),
+            Options::default(),
+        );
+        state.admission = Admission::new(4, 1 << 20, 1 << 20);
+        router(state)
+    }
+
+    /// Every request answered before its body was read whole (no room,
+    /// too slow to arrive) has the rest read while it keeps arriving,
+    /// for longer than the grace, so its client reads the answer and not a
+    /// reset; a body that stops is cut at the grace.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_still_arriving_is_read_to_its_end_before_the_answer() {
+        let app = narrow();
+        let request = |body: Body| Request::post(MUTATE_PATH).body(body).unwrap();
+        // 3 MiB at 640 KiB/s: slower than the body read allows, as fast as
+        // the drain asks.
+        let (ended, gap) = (Arc::new(AtomicBool::new(false)), Duration::from_millis(100));
+        let started = tokio::time::Instant::now();
+        let slow = app
+            .clone()
+            .oneshot(request(arriving(48, gap, ended.clone())))
+            .await
+            .unwrap();
+        assert_eq!(slow.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(ended.load(Ordering::SeqCst), "the slow body was cut");
+        assert!(started.elapsed() >= gap * 48, "{:?}", started.elapsed());
+
+        // No room: the large budget's share of this peer is held by a
+        // body that never ends.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>());
+        let holder = tokio::spawn(app.clone().oneshot(request(stalled)));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let ended = Arc::new(AtomicBool::new(false));
+        let busy = app
+            .clone()
+            .oneshot(request(arriving(48, gap, ended.clone())))
+            .await
+            .unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(ended.load(Ordering::SeqCst), "the refused body was cut");
+        holder.abort();
+
+        // A body that arrives a piece every 3 s earns no more time than
+        // the grace.
+        let ended = Arc::new(AtomicBool::new(false));
+        let started = tokio::time::Instant::now();
+        let trickled = app
+            .oneshot(request(arriving(48, Duration::from_secs(3), ended.clone())))
+            .await
+            .unwrap();
+        assert_eq!(trickled.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(!ended.load(Ordering::SeqCst));
+        assert!(
+            started.elapsed() <= BODY_READ_TIMEOUT + DRAIN_GRACE + Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    /// The line about a request refused before it was decided says why,
+    /// as its answer does.
+    #[tokio::test]
+    async fn a_refused_requests_line_says_why() {
+        let lines = super::super::metrics::tests::Lines::default();
+        let _logging = tracing::subscriber::set_default(lines.subscriber());
+        let (status, body) =
+            post(r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let why = String::from_utf8(body).unwrap();
+        assert!(!why.is_empty());
+        let logged = lines.parsed();
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert_eq!(logged[0]["msg"], "admission request refused");
+        assert_eq!(logged[0]["error"], why.as_str(), "{logged:?}");
     }
 
     #[tokio::test]

@@ -43,10 +43,15 @@ async fn start(env: &Env, ns: &str, extra: &[&str]) -> (Openflux, Webhook) {
 
 /// Server-side apply as a dry run: what the API server would store.
 async fn dry_run(env: &Env, obj: &Value) -> anyhow::Result<DynamicObject> {
+    dry_run_as(&env.client, obj).await
+}
+
+/// [`dry_run`] with `client`.
+async fn dry_run_as(client: &kube::Client, obj: &Value) -> anyhow::Result<DynamicObject> {
     let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
     let name = obj["metadata"]["name"].as_str().unwrap_or_default();
     let (api, _) = support::dynamic_api(
-        &env.client,
+        client,
         obj["apiVersion"].as_str().unwrap_or_default(),
         obj["kind"].as_str().unwrap_or_default(),
         Some(ns),
@@ -687,4 +692,208 @@ async fn a_source_kind_created_a_moment_ago_is_admitted() {
         stored.data
     );
     ns.delete().await;
+}
+
+/// The address the webhook configuration `name` sends the API server to.
+async fn webhook_addr(env: &Env, name: &str) -> std::net::SocketAddr {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    let config = api.get(name).await.expect("the webhook configuration");
+    let url = config
+        .webhooks
+        .into_iter()
+        .flatten()
+        .find_map(|w| w.client_config.url)
+        .expect("a webhook with a URL");
+    url.trim_start_matches("https://")
+        .trim_end_matches("/mutate")
+        .parse()
+        .expect("an address in the URL")
+}
+
+/// Whatever one tenant's Pod sends the webhook itself (200 bodies trickled
+/// a byte a second, 1,024 connections that each sent a request and stay),
+/// another's (48 clients writing 3 MiB reviews) and what goes through the
+/// API server (eight Kustomizations whose reference has a kind of 512 KiB),
+/// each of the API server's ordinary admissions meanwhile is answered in
+/// under a second, and no flooding client sees its connection reset: the
+/// connections that make room are the first Pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answered() {
+    use crate::attack::{self, other_peer, third_peer};
+    use openflux::webhook::server::{MAX_BODY_BYTES, MAX_CONNECTIONS, MUTATE_PATH};
+    use std::time::{Duration, Instant};
+
+    let env = cluster().await;
+    let (_ns, n, _of, webhook) = set_up(&env, "wh-flood", &[]).await;
+    // Nothing is downloaded here: the Artifact only needs to exist.
+    let spec =
+        json!({"url": "http://127.0.0.1:1/a.tar.gz", "revision": "v1", "digest": "sha256:00"});
+    custom_source(&env, TEST_SOURCE, &n, "web", &["web"], &spec).await;
+    let ordinary = kustomization(
+        &n,
+        "web",
+        json!({"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}),
+    );
+    let rewritten = |stored: &DynamicObject| {
+        field(stored, "/spec/sourceRef/kind").and_then(Value::as_str) == Some("ExternalArtifact")
+            || field(stored, "/spec/sourceRef/kind").and_then(Value::as_str)
+                == Some("OCIRepository")
+    };
+    wait_for("the ordinary Kustomization rewritten", TIMEOUT, || async {
+        dry_run(&env, &ordinary).await.ok().filter(rewritten)
+    })
+    .await;
+
+    let addr = webhook_addr(&env, &webhook.name).await;
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(200);
+    let clients = attack::on_a_niced_thread(move || async move {
+        let tricklers = tokio::spawn(async move {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..200 {
+                let started = started_tx.clone();
+                set.spawn(attack::trickle(
+                    other_peer(),
+                    addr,
+                    MUTATE_PATH,
+                    60_000,
+                    started,
+                ));
+            }
+            drop(started_tx);
+            set.join_all().await
+        });
+        let chatty = tokio::spawn(async move {
+            use futures::StreamExt;
+            let cheap =
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec();
+            let held: Vec<_> = futures::stream::iter(0..MAX_CONNECTIONS)
+                .map(|_| {
+                    let body = cheap.clone();
+                    async move {
+                        let mut sender = attack::client_from(other_peer(), addr).await.ok()?;
+                        attack::post(&mut sender, MUTATE_PATH, body).await.ok()?;
+                        Some(sender)
+                    }
+                })
+                .buffer_unordered(32)
+                .collect()
+                .await;
+            held.iter().flatten().count()
+        });
+        let flood = tokio::spawn(async move {
+            let body = serde_json::to_vec(&json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "flood", "object": {"padding": "p".repeat(MAX_BODY_BYTES - 1024)}}
+            }))
+            .expect("a review");
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..48 {
+                let body = body.clone();
+                set.spawn(async move {
+                    let mut failures = Vec::new();
+                    for _ in 0..2 {
+                        if let Err(e) =
+                            attack::write_whole_then_read(third_peer(), addr, MUTATE_PATH, &body)
+                                .await
+                        {
+                            failures.push(e);
+                        }
+                    }
+                    failures
+                });
+            }
+            set.join_all().await.concat()
+        });
+        let (tricklers, chatty, flood) = tokio::join!(tricklers, chatty, flood);
+        (tricklers.ok(), chatty.ok(), flood.ok())
+    });
+    // Through the API server: eight references with a kind of 512 KiB.
+    let mut huge = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (env, object) = (
+            env.client.clone(),
+            kustomization(
+                &n,
+                &format!("huge-{i}"),
+                json!({"apiVersion": TEST_SOURCE, "kind": "Q".repeat(512 * 1024), "name": "x"}),
+            ),
+        );
+        huge.spawn(async move {
+            dry_run_as(&env, &object)
+                .await
+                .err()
+                .map(|e| format!("{e:#}"))
+        });
+    }
+    let mut started = 0;
+    while started_rx.recv().await.is_some() {
+        started += 1;
+    }
+    assert!(started >= 190, "only {started} of 200 tricklers started");
+
+    // The API server's own admissions, one after the other, until the
+    // clients are done (at least ten).
+    let mut clients = clients;
+    let mut slowest = Duration::ZERO;
+    let mut answered = 0;
+    let outcome = loop {
+        let began = Instant::now();
+        let stored = dry_run(&env, &ordinary).await;
+        let took = began.elapsed();
+        match stored {
+            Ok(stored) => assert!(rewritten(&stored), "not rewritten: {:?}", stored.data),
+            Err(e) => panic!("an ordinary admission failed after {took:?}: {e:#}"),
+        }
+        slowest = slowest.max(took);
+        answered += 1;
+        if answered >= 10 {
+            if let Ok(outcome) = clients.try_recv() {
+                break outcome;
+            }
+        }
+        assert!(answered < 2000, "the clients did not finish");
+    };
+    eprintln!("{answered} ordinary admissions beside the flood, the slowest in {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "the slowest of {answered} ordinary admissions took {slowest:?}"
+    );
+    while let Some(done) = huge.join_next().await {
+        let message = done
+            .expect("a dry run")
+            .expect("a kind of 512 KiB is refused");
+        assert!(
+            message.contains("spec.sourceRef.kind is 524288 bytes long"),
+            "{message:.400}"
+        );
+    }
+    let (tricklers, chatty, flood) = outcome;
+    let tricklers = tricklers.expect("the tricklers");
+    assert!(
+        tricklers.iter().all(|t| t
+            .as_ref()
+            .is_ok_and(|(_, a)| a.is_empty() || a.starts_with("HTTP/1.1 408"))),
+        "tricklers: {:?}",
+        tricklers
+            .iter()
+            .filter(|t| t.is_err())
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    let flood = flood.expect("the flood");
+    assert!(
+        flood.is_empty(),
+        "{} writes of the flood failed: {:?}",
+        flood.len(),
+        &flood[..flood.len().min(3)]
+    );
+    // The flood filled the webhook's connections: the first Pod's 200
+    // tricklers held places while its chatty connections took the rest,
+    // its own newest making room among them once the webhook was full.
+    let chatty = chatty.expect("the chatty connections");
+    assert!(
+        chatty + 200 + 64 >= MAX_CONNECTIONS,
+        "only {chatty} chatty connections were answered: the flood did not fill the webhook"
+    );
 }

@@ -11,6 +11,12 @@ mod failover;
 #[path = "../chaos/restart.rs"]
 mod restart;
 
+// The webhook's misbehaving clients, shared with tests/webhook.
+#[path = "../webhook/accept_any.rs"]
+mod accept_any;
+#[path = "../common/attack.rs"]
+mod attack;
+
 mod e2e_cells;
 mod e2e_certs;
 mod e2e_compat;

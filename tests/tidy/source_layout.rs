@@ -110,6 +110,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("webhook::metrics", Layer::Shell),
     ("webhook::server", Layer::Shell),
     ("webhook::drain", Layer::Shell),
+    ("webhook::connection", Layer::Shell),
     ("webhook::limits", Layer::Shell),
     ("webhook::cabundle", Layer::Shell),
     ("webhook::registration", Layer::Shell),
@@ -119,6 +120,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("watch::change", Layer::Pure),
     ("watch::fake_api", Layer::Shell),
     ("watch::decoded", Layer::Shell),
+    ("watch::depth", Layer::Pure),
     ("watch::retry", Layer::Shell),
     ("watch::run", Layer::Shell),
     ("watch::streaming", Layer::Shell),
@@ -228,6 +230,7 @@ const HTTP_SOURCE_LAYERS: &[(&str, Layer)] = &[
     ("context", Layer::Shell),
     ("artifact", Layer::Shell),
     ("report", Layer::Shell),
+    ("workers", Layer::Shell),
     ("reconcile", Layer::Shell),
     ("controller", Layer::Runtime),
 ];

@@ -2,6 +2,9 @@
 //! limits and load, TLS, and the health and metrics endpoints.
 
 mod accept_any;
+#[path = "../common/attack.rs"]
+mod attack;
 mod endpoints;
+mod webhook_fairness;
 mod webhook_limits;
 mod webhook_tls;
