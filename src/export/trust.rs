@@ -27,8 +27,11 @@ use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION, WR
 /// webhook records as writer whoever changes any of them, and keeps the
 /// recorded writer on an update that changes none. The spec fields are
 /// those of every Artifact API openflux reads (their schemas admit no
-/// others).
-pub const EXPORT_INPUTS: [&[&str]; 10] = [
+/// others); `spec.exportedInputs` is what an ExternalArtifact carries in
+/// `status.exportedInputs`, read by the templates of its consumers. A test
+/// changes each field of an Artifact in turn and fails when one the export
+/// copies is missing here.
+pub const EXPORT_INPUTS: [&[&str]; 11] = [
     &["spec", "url"],
     &["spec", "revision"],
     &["spec", "digest"],
@@ -36,6 +39,7 @@ pub const EXPORT_INPUTS: [&[&str]; 10] = [
     &["spec", "size"],
     &["spec", "lastUpdateTime"],
     &["spec", "metadata"],
+    &["spec", "exportedInputs"],
     &["metadata", "ownerReferences"],
     &["metadata", "labels", ADOPTED_FROM_LABEL],
     &["metadata", "annotations", ADOPTED_WRITER_ANNOTATION],
@@ -235,6 +239,119 @@ mod tests {
         for doc in &docs {
             assert!(doc["spec"].get("paramRef").is_none(), "{doc}");
         }
+    }
+
+    /// Every field whose change moves what an export says is in
+    /// [`EXPORT_INPUTS`]: each field of an Artifact's spec (read from the
+    /// CRD's schema, so a field added there is walked too) and of its
+    /// metadata a writer may change is changed on its own, and the export
+    /// planned for every target is compared with the one before.
+    #[test]
+    fn every_field_the_export_copies_is_a_writer_input() {
+        use crate::api::Artifact;
+        use crate::cluster::target::{OciVersion, Target};
+        use crate::export::plan::plan;
+        use kube::core::{ApiResource, GroupVersionKind};
+        use kube::CustomResourceExt;
+
+        let base = json!({
+            "apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact",
+            "metadata": {"name": "web", "namespace": "apps", "uid": "a-uid",
+                         "creationTimestamp": "2025-01-01T00:00:00Z",
+                         "labels": {"team": "a"}, "annotations": {"note": "n"},
+                         "ownerReferences": [{"apiVersion": "sources.example.com/v1", "kind": "Web",
+                                              "name": "web", "uid": "s-uid", "controller": true}]},
+            "spec": {"url": "http://store.example/apps/web/a.tar.gz", "revision": "v1@sha256:ab",
+                     "digest": "sha256:ab", "path": "apps/web/a.tar.gz", "size": 10,
+                     "lastUpdateTime": "2025-02-01T00:00:00Z", "metadata": {"k": "v"},
+                     "exportedInputs": {"env": "dev", "db": {"tier": "gold"}}},
+        });
+        let exports = |object: &Value| {
+            let artifact: Artifact = serde_json::from_value(object.clone()).unwrap();
+            let external = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "ExternalArtifact"),
+                "externalartifacts",
+            );
+            let shadow = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "OCIRepository"),
+                "ocirepositories",
+            );
+            [
+                (Target::ExternalArtifact, &external, true),
+                (Target::ExternalArtifact, &external, false),
+                (Target::Shadow(OciVersion::V1), &shadow, true),
+            ]
+            .map(|(target, resource, served)| plan(&artifact, "web-x", target, resource, served))
+        };
+        let before = exports(&base);
+        assert!(before.iter().all(Result::is_ok), "{before:?}");
+
+        // Each field of the spec, as the CRD's schema names them.
+        let crd = serde_json::to_value(Artifact::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let spec_fields = schema["properties"]["spec"]["properties"]
+            .as_object()
+            .expect("the spec's schema names its fields");
+        let mut changes: Vec<(Vec<String>, Value)> = spec_fields
+            .iter()
+            .map(|(field, schema)| {
+                let now = &base["spec"][field];
+                let changed = match (schema["type"].as_str(), schema["format"].as_str()) {
+                    (Some("integer"), _) => json!(now.as_i64().unwrap_or_default() + 1),
+                    (Some("string"), Some("date-time")) => json!("2030-01-01T00:00:00Z"),
+                    (Some("string"), _) => json!(format!("{}0", now.as_str().unwrap_or("a"))),
+                    (Some("object"), _) => {
+                        let mut more = now.clone();
+                        more["added"] = json!("x");
+                        more
+                    }
+                    other => {
+                        panic!("spec.{field}: a schema type this test does not change: {other:?}")
+                    }
+                };
+                (vec!["spec".to_string(), field.clone()], changed)
+            })
+            .collect();
+        assert!(changes.len() >= 8, "{changes:?}");
+        // What a writer may change of the metadata (the API server fixes
+        // name, namespace, uid and creationTimestamp).
+        let owner = json!([{"apiVersion": "sources.example.com/v1", "kind": "Web",
+                            "name": "other", "uid": "s-uid-2", "controller": true}]);
+        for (path, value) in [
+            (&["metadata", "ownerReferences"][..], owner),
+            (&["metadata", "labels"][..], json!({"team": "b"})),
+            (&["metadata", "annotations"][..], json!({"note": "m"})),
+            (&["metadata", "finalizers"][..], json!(["example.com/keep"])),
+        ] {
+            changes.push((path.iter().map(|s| s.to_string()).collect(), value));
+        }
+
+        let covered = |path: &[String]| {
+            EXPORT_INPUTS.iter().any(|input| {
+                let n = input.len().min(path.len());
+                input[..n].iter().zip(&path[..n]).all(|(a, b)| a == b)
+            })
+        };
+        let mut moved = Vec::new();
+        for (path, value) in changes {
+            let mut object = base.clone();
+            let (last, parents) = path.split_last().unwrap();
+            let parent = parents
+                .iter()
+                .fold(&mut object, |o, key| &mut o[key.as_str()]);
+            parent[last.as_str()] = value;
+            if exports(&object) != before {
+                moved.push(path.join("."));
+                assert!(
+                    covered(&path),
+                    "a change of {} moves the export, but EXPORT_INPUTS does not list it: \
+                     whoever changes it must be recorded as the Artifact's writer",
+                    path.join(".")
+                );
+            }
+        }
+        // The walk saw the fields it should: every spec field and the owner.
+        assert_eq!(moved.len(), spec_fields.len() + 1, "{moved:?}");
     }
 
     #[test]

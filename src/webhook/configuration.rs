@@ -30,8 +30,8 @@ pub struct Target {
     pub port: i32,
 }
 
-/// The configuration named `name` calling `target`, owned by `owner` (so it
-/// goes when openflux's CRD does), without CA bundles.
+/// The configuration named `name` calling `target`, owned by `owner` (the
+/// ClusterRole `openflux`, so it goes at an uninstall), without CA bundles.
 pub fn desired(
     name: &str,
     target: &Target,

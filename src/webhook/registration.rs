@@ -1,11 +1,20 @@
 //! Keeps openflux's ValidatingWebhookConfiguration published while this
 //! replica leads (`--validating-webhook-service`): created once a ready
 //! endpoint of the Service serves `/validate`, written again when deleted or
-//! changed, owned by openflux's Artifact CRD so it goes with openflux
-//! ([`super::configuration`] says why openflux writes it). The CA bundles
-//! in it are then kept by [`super::cabundle`]. Failures are logged, put in
-//! an Event on the Service and retried with backoff; they never stop the
-//! webhook.
+//! changed ([`super::configuration`] says why openflux writes it). The CA
+//! bundles in it are then kept by [`super::cabundle`]. Failures are logged,
+//! put in an Event on the Service and retried with backoff; they never stop
+//! the webhook.
+//!
+//! It is owned by openflux's ClusterRole ([`OWNER`]), a cluster-scoped
+//! object every uninstall removes (`helm uninstall`, a Flux prune, `kubectl
+//! delete -f install.yaml`) and none keeps, so the garbage collector deletes
+//! the configuration with it: a fail-closed configuration calling a Service
+//! that is gone would refuse every update of the consumers openflux
+//! rewrote. Not the Artifact CRD, which an uninstall keeps with the users'
+//! Artifacts; not a namespaced object, which the garbage collector ignores
+//! as the owner of a cluster-scoped one. Without that ClusterRole nothing is
+//! written: a configuration owned by nothing would outlive openflux.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,11 +23,11 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
-use kube::{CustomResourceExt, Resource};
+use kube::Resource;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +38,12 @@ use crate::watch::retry::retrying;
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const REASON_FAILED: &str = "ValidatingWebhookFailed";
 const REASON_PUBLISHED: &str = "ValidatingWebhookPublished";
+
+/// The ClusterRole that owns the configuration: openflux's own, as
+/// `manifests/rbac.yaml` names it (which lets openflux `get` it, and only
+/// it). The policy `openflux-webhook-configurations`
+/// (`webhook-config/registration-policy.yaml`) admits no other owner.
+pub const OWNER: &str = "openflux";
 
 /// What to publish, and where the API server reaches it.
 #[derive(Clone, Debug)]
@@ -185,7 +200,7 @@ impl Registrar {
             service: p.service.clone(),
             port,
         };
-        let desired = configuration::desired(&p.configuration, &target, self.owner().await?)?;
+        let desired = configuration::desired(&p.configuration, &target, Some(self.owner().await?))?;
         let configs: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let current = configs.get_opt(&p.configuration).await?;
         let params = PostParams {
@@ -211,18 +226,17 @@ impl Registrar {
         })
     }
 
-    /// openflux's Artifact CRD as the owner, so the configuration goes when
-    /// openflux is uninstalled; none when the CRD is not installed.
-    async fn owner(&self) -> Result<Option<OwnerReference>, kube::Error> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let crd = crds.get_opt(crate::api::Artifact::crd_name()).await?;
-        Ok(crd.and_then(|crd| {
-            crd.controller_owner_ref(&()).map(|mut o| {
-                o.controller = None;
-                o.block_owner_deletion = None;
-                o
-            })
-        }))
+    /// The owner reference to openflux's ClusterRole [`OWNER`]; an error
+    /// when it is gone (openflux is being uninstalled) or cannot be read.
+    async fn owner(&self) -> anyhow::Result<OwnerReference> {
+        let roles: Api<ClusterRole> = Api::all(self.client.clone());
+        let role = roles.get_opt(OWNER).await?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "the ClusterRole {OWNER}, which owns the configuration so that it goes with openflux, is not there: not writing a configuration that would outlive openflux"
+            )
+        })?;
+        owner_reference(&role)
+            .ok_or_else(|| anyhow::anyhow!("the ClusterRole {OWNER} as read has no name or uid"))
     }
 
     async fn event(&self, event: FluxEvent) {
@@ -238,5 +252,113 @@ impl Registrar {
         events
             .publish_on(reference, &BTreeMap::new(), &event, None)
             .await;
+    }
+}
+
+/// The owner reference that puts a configuration under `role`: neither
+/// controller nor blocking the owner's deletion (that would need the
+/// owner's `finalizers`, which openflux is not granted). None when `role`
+/// has no name or uid (not read from the API server).
+pub fn owner_reference(role: &ClusterRole) -> Option<OwnerReference> {
+    role.owner_ref(&()).filter(|o| !o.uid.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn role(uid: Option<&str>) -> ClusterRole {
+        ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(OWNER.into()),
+                uid: uid.map(str::to_string),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn target() -> configuration::Target {
+        configuration::Target {
+            namespace: "openflux-system".into(),
+            service: "openflux-webhook".into(),
+            port: 9444,
+        }
+    }
+
+    /// The configuration registration writes is owned by openflux's
+    /// ClusterRole, by uid, and by nothing else: a cluster-scoped owner,
+    /// which the garbage collector honours for a cluster-scoped dependent,
+    /// removed by every uninstall path.
+    #[test]
+    fn the_configuration_is_owned_by_openfluxs_cluster_role_alone() {
+        let owner = owner_reference(&role(Some("5f0c2a7e-1d"))).expect("an owner reference");
+        assert_eq!(
+            owner,
+            OwnerReference {
+                api_version: "rbac.authorization.k8s.io/v1".into(),
+                kind: "ClusterRole".into(),
+                name: "openflux".into(),
+                uid: "5f0c2a7e-1d".into(),
+                controller: None,
+                block_owner_deletion: None,
+            }
+        );
+        let config = configuration::desired("openflux", &target(), Some(owner.clone()))
+            .expect("the configuration");
+        assert_eq!(config.metadata.owner_references, Some(vec![owner]));
+        assert!(config.metadata.finalizers.is_none());
+    }
+
+    /// A role not read from the API server (no uid) gives no owner: the
+    /// configuration is not written rather than written owned by nothing.
+    #[test]
+    fn a_role_without_a_uid_owns_nothing() {
+        assert_eq!(owner_reference(&role(None)), None);
+        assert_eq!(owner_reference(&role(Some(""))), None);
+    }
+
+    /// A configuration an earlier release wrote, owned by the Artifact CRD
+    /// (which an uninstall keeps), is written over, owned by the ClusterRole,
+    /// its CA bundles kept.
+    #[test]
+    fn a_configuration_owned_by_the_artifact_crd_is_written_over() {
+        let crd_owner = OwnerReference {
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            name: "artifacts.openflux.dev".into(),
+            uid: "0b6f3c1e".into(),
+            ..Default::default()
+        };
+        let mut earlier = configuration::desired("openflux", &target(), Some(crd_owner))
+            .expect("the earlier configuration");
+        earlier.metadata.resource_version = Some("42".into());
+        for webhook in earlier.webhooks.iter_mut().flatten() {
+            webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(b"kept".to_vec()));
+        }
+        let owner = owner_reference(&role(Some("5f0c2a7e-1d"))).expect("an owner reference");
+        let desired = configuration::desired("openflux", &target(), Some(owner.clone()))
+            .expect("the configuration");
+        match configuration::plan(Some(&earlier), desired.clone(), b"ours") {
+            configuration::Write::Replace(config) => {
+                assert_eq!(config.metadata.owner_references, Some(vec![owner]));
+                assert_eq!(config.metadata.resource_version.as_deref(), Some("42"));
+                for webhook in config.webhooks.iter().flatten() {
+                    assert_eq!(
+                        webhook.client_config.ca_bundle.as_ref().map(|b| &b.0[..]),
+                        Some(&b"kept"[..])
+                    );
+                }
+            }
+            other => panic!("expected the configuration written over, got {other:?}"),
+        }
+        // Once written, it is kept.
+        let mut written = desired.clone();
+        written.metadata.resource_version = Some("43".into());
+        assert_eq!(
+            configuration::plan(Some(&written), desired, b"ours"),
+            configuration::Write::Keep
+        );
     }
 }

@@ -17,13 +17,19 @@ use serde_json::Value;
 
 use super::consumer::{self, Webhook};
 use super::review::AdmissionRequest;
+use super::writer;
 use crate::policy::{self, candidates, candidates::Reading};
 use crate::rewrite::refs::{locate, SourceRef};
 use crate::rewrite::{Decision, Input, Options, View};
 
 /// The validating webhook's decision on one request: admitted
-/// ([`Decision::Unchanged`]) or denied. Never patches, never panics.
+/// ([`Decision::Unchanged`]) or denied. Never patches, never panics. An
+/// Artifact is judged on whether openflux's controllers could decode it
+/// ([`writer::judge`]), as the mutating webhook judges it.
 pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> Decision {
+    if let Some(decision) = writer::judge(request) {
+        return decision;
+    }
     let input = match consumer::read(request, Webhook::Validating) {
         Ok(Some(input)) => input,
         Ok(None) => return Decision::Unchanged,

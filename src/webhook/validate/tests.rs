@@ -459,3 +459,73 @@ fn only_a_consumer_being_created_or_updated_in_a_namespace_is_judged() {
         );
     }
 }
+
+/// `levels` objects, each the only value of the one before:
+/// `{"l": {"l": ... "leaf" ...}}`.
+fn nested(levels: usize) -> Value {
+    (0..levels).fold(json!("leaf"), |inner, _| json!({ "l": inner }))
+}
+
+/// A review of an Artifact whose `spec.exportedInputs` has `levels` levels.
+fn deep_artifact(operation: &str, levels: usize) -> Vec<u8> {
+    let spec = json!({"url": "http://store/a.tar.gz", "revision": "v1", "digest": "sha256:00"});
+    let mut review: Value = serde_json::from_slice(&review(
+        ("openflux.dev", "v1alpha1", "artifacts"),
+        "apps",
+        spec,
+    ))
+    .unwrap();
+    // Put in as a value: reading it from text would meet serde_json's limit.
+    review["request"]["object"]["spec"]["exportedInputs"] = nested(levels);
+    review["request"]["operation"] = json!(operation);
+    if operation == "UPDATE" {
+        let mut old = review["request"]["object"].clone();
+        old["spec"]["exportedInputs"] = json!({"env": "dev"});
+        review["request"]["oldObject"] = old;
+    }
+    serde_json::to_vec(&review).unwrap()
+}
+
+/// An Artifact the controllers could not decode (nested past serde_json's
+/// recursion limit, which the API server does not have) is refused at
+/// admission by both webhooks, with a message that names the field; the
+/// review is still read, and the answer is a refusal, never an admission.
+#[test]
+fn an_artifact_the_controllers_cannot_decode_is_refused() {
+    let policies = policies();
+    let options = Options::default();
+    let fits = crate::watch::depth::MAX_DEPTH - 2;
+    for (operation, levels) in [
+        ("CREATE", 130),
+        ("UPDATE", 130),
+        ("CREATE", fits + 1),
+        ("CREATE", 1000),
+    ] {
+        let body = deep_artifact(operation, levels);
+        let (index, facts) = (index(), facts());
+        let view = View {
+            index: &index,
+            facts: &facts,
+            policies: &policies,
+        };
+        let answer = crate::webhook::answer::answer(&body, view, &options);
+        let review: Value = serde_json::from_slice(answer.review.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            review["response"]["allowed"],
+            json!(false),
+            "{operation}: {review}"
+        );
+        let message = review["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("spec.exportedInputs") && message.contains("cannot decode"),
+            "{operation}: {message}"
+        );
+        assert!(message.contains("apps/app"), "{message}");
+        let validated = validate(&body, &policies, &options);
+        assert_eq!(denial(&validated), message, "{operation}");
+    }
+    // One that fits is admitted (and stamped with its writer).
+    let body = deep_artifact("CREATE", fits);
+    assert!(matches!(mutate(&body, &policies), Decision::Rewrite { .. }));
+    assert_eq!(validate(&body, &policies, &options), Decision::Unchanged);
+}
