@@ -18,6 +18,7 @@ use crate::http::Http;
 use crate::metrics::SourceMetrics;
 use crate::schedule::Attempt;
 use crate::serve::Catalog;
+use crate::workers::Workers;
 
 /// Field manager of every write this controller makes, and the reporting
 /// controller of its events.
@@ -61,6 +62,8 @@ pub struct Context {
     pub retention: Retention,
     /// The failures in a row of each source failing now: its retry delay.
     pub retries: Retries<ObjectRef<HttpSource>>,
+    /// The workers a reconcile runs on, shared fairly across namespaces.
+    pub workers: Arc<Workers>,
     /// Per source: the last fetch attempt and the validators of the response
     /// the published artifact was built from.
     memory: Mutex<HashMap<ObjectRef<HttpSource>, Memory>>,
@@ -88,6 +91,7 @@ pub struct Parts {
     pub max_size: u64,
     pub retention: Retention,
     pub retry: RetryArgs,
+    pub workers: Arc<Workers>,
 }
 
 impl Context {
@@ -106,6 +110,7 @@ impl Context {
             max_size: parts.max_size,
             retention: parts.retention,
             retries: Retries::new(parts.retry),
+            workers: parts.workers,
             memory: Mutex::default(),
         }
     }

@@ -6,6 +6,10 @@
 //! HttpSource's namespace, under the HttpSource's name, with a controller
 //! ownerReference to the HttpSource (`openflux_api::producer`). Logs,
 //! metrics and events follow Flux's conventions (`openflux_api::runtime`).
+//!
+//! `--concurrent` reconciles run at a time, on workers shared fairly across
+//! namespaces (`workers`): kube's controller hands every due source over at
+//! once, and each waits for a worker of its namespace's share.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -38,6 +42,25 @@ fn reconcile_trigger(hs: &HttpSource) -> Option<u64> {
     hs.annotations().get(REQUESTED_AT_ANNOTATION).hash(&mut h);
     hs.labels().get(openflux_api::SHARD_LABEL).hash(&mut h);
     Some(h.finish())
+}
+
+/// One reconcile once a worker is free for the source's namespace, of the
+/// object as it is then (it may have changed or gone while waiting).
+async fn reconcile_in_turn(
+    hs: Arc<HttpSource>,
+    ctx: Arc<Context>,
+    store: Store<HttpSource>,
+) -> Result<Action, Error> {
+    let _worker = ctx
+        .workers
+        .acquire(&hs.namespace().unwrap_or_default())
+        .await;
+    match store.get(&ObjectRef::from_obj(hs.as_ref())) {
+        Some(latest) => reconcile(latest, ctx).await,
+        // Deleted meanwhile: its metrics and artifacts went with the watch
+        // event.
+        None => Ok(Action::await_change()),
+    }
 }
 
 /// One reconcile, in its log span and counted once in Flux's metrics.
@@ -89,7 +112,6 @@ pub struct Watch {
     pub namespace: Option<String>,
     /// The HttpSources' watcher configuration (label selector).
     pub config: watcher::Config,
-    pub concurrency: u16,
 }
 
 /// Runs the controller until a termination signal.
@@ -126,11 +148,17 @@ pub async fn run(ctx: Arc<Context>, health: Health, watch: Watch) {
         .predicate_filter(reconcile_trigger, Default::default());
 
     let sweeper = tokio::spawn(sweep_storage(reader.clone(), ctx.clone(), health));
+    let latest = reader.clone();
+    // Unbounded here: `ctx.workers` bounds what runs, fairly.
     Controller::for_stream(stream, reader)
         .owns(artifacts, watcher::Config::default())
-        .with_config(controller::Config::default().concurrency(watch.concurrency))
+        .with_config(controller::Config::default().concurrency(0))
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |hs, ctx| reconcile_in_turn(hs, ctx, latest.clone()),
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => debug!(object = %object, "reconciled"),

@@ -2,6 +2,12 @@
 //! [`MAX_REDIRECTS`] redirects, checks every hop (and a proxy) against the
 //! network policy, sends credentials only to the origin of `spec.url`, and
 //! reads the body up to a size limit within one overall timeout.
+//!
+//! Whatever that timeout, a fetch also fails when the server sends nothing
+//! for the stall bound (`--fetch-stall-timeout`): waiting for the response
+//! headers, or between two reads of the body. A server that holds the
+//! connection open without sending cannot keep a worker for the whole
+//! timeout of its source.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +30,9 @@ pub struct Http {
     guard: Guard,
     /// The client of sources without TLS or proxy settings of their own.
     shared: Client,
+    /// How long a fetch waits for the response, or for the next bytes of
+    /// its body, before it fails.
+    stall: Duration,
 }
 
 /// A client that cannot be built from a source's TLS or proxy settings.
@@ -32,11 +41,16 @@ pub struct Http {
 pub struct ClientError(String);
 
 impl Http {
-    pub fn new(guard: Guard) -> Result<Self, ClientError> {
+    /// `stall`: the stall bound, see the module documentation.
+    pub fn new(guard: Guard, stall: Duration) -> Result<Self, ClientError> {
         let shared = builder(&guard)
             .build()
             .map_err(|e| ClientError(error_chain(&e)))?;
-        Ok(Http { guard, shared })
+        Ok(Http {
+            guard,
+            shared,
+            stall,
+        })
     }
 
     pub fn guard(&self) -> &Guard {
@@ -112,7 +126,17 @@ impl Http {
                     FetchError::Failed(format!("GET {shown}: {}", error_chain(&e.without_url())))
                 }
             };
-            let mut response = get.send().await.map_err(failed)?;
+            let stalled = || {
+                FetchError::Failed(format!(
+                    "GET {shown}: no data from {} for {}; the server stalled",
+                    url.host_str().unwrap_or_default(),
+                    go_duration(self.stall)
+                ))
+            };
+            let mut response = tokio::time::timeout(self.stall, get.send())
+                .await
+                .map_err(|_| stalled())?
+                .map_err(failed)?;
             let status = response.status().as_u16();
             if is_redirect(status) {
                 if hops == MAX_REDIRECTS {
@@ -145,7 +169,12 @@ impl Http {
             }
             let validators = Validators::from_headers(response.headers());
             let mut bytes = Vec::new();
-            while let Some(chunk) = response.chunk().await.map_err(failed)? {
+            loop {
+                let chunk = tokio::time::timeout(self.stall, response.chunk())
+                    .await
+                    .map_err(|_| stalled())?
+                    .map_err(failed)?;
+                let Some(chunk) = chunk else { break };
                 if (bytes.len() + chunk.len()) as u64 > request.max_size {
                     return Err(FetchError::TooLarge(request.max_size));
                 }
@@ -175,6 +204,27 @@ fn builder(guard: &Guard) -> ClientBuilder {
         .connect_timeout(CONNECT_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
         .dns_resolver(Arc::new(guard.clone()))
+}
+
+/// A duration as Go writes it: `300ms`, `30s`, `1m30s`, `1h0m0s`.
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (hours, ms) = (ms / 3_600_000, ms % 3_600_000);
+    let (minutes, ms) = (ms / 60_000, ms % 60_000);
+    let seconds = if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        let text = format!("{}.{:03}", ms / 1000, ms % 1000);
+        format!("{}s", text.trim_end_matches('0'))
+    };
+    match (hours, minutes) {
+        (0, 0) => seconds,
+        (0, m) => format!("{m}m{seconds}"),
+        (h, m) => format!("{h}h{m}m{seconds}"),
+    }
 }
 
 /// An error with its sources, so "error sending request" says why.
@@ -272,7 +322,7 @@ mod tests {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let allowed = allowed.iter().map(|s| s.parse().unwrap()).collect();
         let policy = NetworkPolicy::new(allowed, None);
-        Http::new(Guard::with_lookup(policy, lookup)).unwrap()
+        Http::new(Guard::with_lookup(policy, lookup), Duration::from_secs(30)).unwrap()
     }
 
     async fn get(http: &Http, url: &str) -> Result<Fetched, FetchError> {
@@ -350,6 +400,108 @@ mod tests {
             match get(&http, form).await {
                 Err(FetchError::Blocked(m)) => assert!(m.contains("loopback"), "{form}: {m}"),
                 other => panic!("{form}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn writes_durations_as_go_does() {
+        for (d, text) in [
+            (Duration::from_millis(300), "300ms"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+        ] {
+            assert_eq!(go_duration(d), text);
+        }
+    }
+
+    /// How a tarpit answers.
+    #[derive(Clone, Copy)]
+    enum Tarpit {
+        /// Reads the request and never answers.
+        Silent,
+        /// Answers the headers and a first byte of the body, then one
+        /// byte every few seconds.
+        Drip,
+    }
+
+    /// A server on 127.0.0.1 that holds every connection open as `mode`
+    /// says, for as long as the client stays.
+    async fn tarpit(mode: Tarpit) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if let Tarpit::Silent = mode {
+                        // Holds the connection until the client leaves.
+                        let _ = conn.read(&mut buf).await;
+                        return;
+                    }
+                    let head = "HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n";
+                    if conn.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        if conn.write_all(b"k").await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// A server that stops sending fails the fetch after the stall bound,
+    /// not after the source's (much longer) timeout, and says so.
+    #[tokio::test]
+    async fn a_stalled_server_fails_the_fetch_after_the_stall_bound() {
+        let dns = Arc::new(Scripted::default());
+        let http = Http {
+            stall: Duration::from_millis(300),
+            ..http(&["127.0.0.1/32"], dns)
+        };
+        for mode in [Tarpit::Drip, Tarpit::Silent] {
+            let addr = tarpit(mode).await;
+            let url = Url::parse(&format!("http://{addr}/slow.tgz")).unwrap();
+            let client = http.client_for(&Transport::default()).unwrap();
+            let auth = Auth::default();
+            let fetch = http.fetch(
+                &client,
+                Get {
+                    url: &url,
+                    auth: &auth,
+                    proxy: None,
+                    conditional: &[],
+                    timeout: Duration::from_secs(60),
+                    max_size: 1 << 20,
+                },
+            );
+            let fetched = tokio::time::timeout(Duration::from_secs(5), fetch)
+                .await
+                .expect("the fetch waits out the source's timeout: no stall bound");
+            match fetched {
+                Err(FetchError::Failed(m)) => assert!(
+                    m.starts_with(&format!("GET http://{addr}/slow.tgz: "))
+                        && m.contains("no data from 127.0.0.1 for 300ms; the server stalled"),
+                    "{m}"
+                ),
+                other => panic!("{other:?}"),
             }
         }
     }

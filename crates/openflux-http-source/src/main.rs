@@ -28,6 +28,7 @@ mod schedule;
 mod serve;
 mod status;
 mod transport;
+mod workers;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -132,6 +133,11 @@ struct RunArgs {
     /// Largest artifact accepted, in decompressed bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_SIZE)]
     max_artifact_size: u64,
+    /// How long a fetch waits for the server to send anything (the
+    /// response, or the next bytes of its body) before it fails, whatever
+    /// the HttpSource's timeout (Go duration, more than 0s).
+    #[arg(long, default_value = "30s", value_parser = parse_stall_timeout)]
+    fetch_stall_timeout: Duration,
     /// Address ranges HttpSources may be fetched from although they are
     /// refused by default (loopback, private, link-local, CGNAT, ...), e.g.
     /// `10.0.0.0/8` or `192.168.1.10/32`; repeat the flag or separate
@@ -148,6 +154,13 @@ struct RunArgs {
 
 fn parse_cidr(s: &str) -> Result<Cidr, netpolicy::InvalidCidr> {
     s.parse()
+}
+
+fn parse_stall_timeout(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be more than 0s".into()),
+        d => Ok(d),
+    }
 }
 
 /// The HttpSource CRD as YAML, as committed in `manifests/http-source/crd.yaml`.
@@ -238,7 +251,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let policy = NetworkPolicy::new(args.allow_network.clone(), api_server);
     let allowed: Vec<String> = policy.allowed().iter().map(Cidr::to_string).collect();
     info!(allowed = %allowed.join(","), "fetching from public addresses and the allowed networks only");
-    let fetches = http::Http::new(Guard::new(policy))?;
+    let fetches = http::Http::new(Guard::new(policy), args.fetch_stall_timeout)?;
     // Events go to notification-controller, inside the cluster: not a fetch.
     let http = reqwest::Client::builder()
         .user_agent(concat!("openflux-http-source/", env!("CARGO_PKG_VERSION")))
@@ -312,11 +325,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         max_size: args.max_artifact_size,
         retention,
         retry: flux.retry,
+        workers: workers::Workers::new(
+            usize::from(flux.concurrent),
+            workers::share(usize::from(flux.concurrent), namespace.is_some()),
+        ),
     }));
     let watch = Watch {
         namespace,
         config: flux.watch.watcher_config(),
-        concurrency: flux.concurrent,
     };
     let controller = controller::run(ctx, health, watch);
     if flux.leader_election.enable_leader_election {
@@ -423,6 +439,11 @@ mod tests {
         assert!(cli.run.runtime.watch.watch_all_namespaces);
         assert_eq!(cli.run.max_artifact_size, 50 * 1024 * 1024);
         assert_eq!(cli.run.artifact_retention_ttl, Duration::from_secs(60));
+        assert_eq!(cli.run.fetch_stall_timeout, Duration::from_secs(30));
+        let cli =
+            Cli::try_parse_from(["openflux-http-source", "--fetch-stall-timeout=2m"]).unwrap();
+        assert_eq!(cli.run.fetch_stall_timeout, Duration::from_secs(120));
+        assert!(Cli::try_parse_from(["openflux-http-source", "--fetch-stall-timeout=0s"]).is_err());
         assert!(Cli::try_parse_from(["openflux-http-source", "--log-json"]).is_err());
         assert!(
             Cli::try_parse_from(["openflux-http-source", "--artifact-retention-ttl=1d"]).is_err()

@@ -10,6 +10,8 @@
 //! default, see `security`). Events for notification-controller go to an
 //! in-test receiver that keeps them.
 
+#[path = "e2e_http_source/fairness.rs"]
+mod fairness;
 #[path = "e2e_http_source/healing.rs"]
 mod healing;
 #[path = "e2e_http_source/leader.rs"]
@@ -335,6 +337,8 @@ struct Launch {
     instance: String,
     /// Wait for `/readyz` (a standby of leader election is never ready).
     wait_ready: bool,
+    /// Watch every namespace (`ns` is then the runtime namespace only).
+    watch_all: bool,
 }
 
 impl Launch {
@@ -346,6 +350,7 @@ impl Launch {
             env: Vec::new(),
             instance: format!("{ns}-controller"),
             wait_ready: true,
+            watch_all: false,
         }
     }
 }
@@ -362,7 +367,7 @@ impl Controller {
         let err = out.try_clone().expect("log file handle");
         let child = Command::new(binary())
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--watch-all-namespaces=false")
+            .arg(format!("--watch-all-namespaces={}", launch.watch_all))
             .arg(format!("--namespace={ns}"))
             .arg(format!("--storage-path={}", storage.path().display()))
             .arg(format!("--storage-addr={storage_addr}"))
@@ -605,15 +610,7 @@ async fn service_account_kubeconfig(env: &Env, ns: &str, dir: &Path) -> PathBuf 
     .await
     .expect("RoleBinding");
 
-    let source = env
-        .kubeconfig
-        .clone()
-        .or_else(|| {
-            std::env::var("KUBECONFIG")
-                .ok()
-                .and_then(|v| v.split(':').next().map(PathBuf::from))
-        })
-        .expect("a kubeconfig file");
+    let source = admin_kubeconfig(env);
     let text = std::fs::read_to_string(&source).expect("reading the kubeconfig");
     let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("kubeconfig YAML");
     let user = format!("system:serviceaccount:{ns}:{ROLE}");
@@ -631,6 +628,18 @@ async fn service_account_kubeconfig(env: &Env, ns: &str, dir: &Path) -> PathBuf 
     )
     .expect("write");
     path
+}
+
+/// The cluster admin's kubeconfig file.
+fn admin_kubeconfig(env: &Env) -> PathBuf {
+    env.kubeconfig
+        .clone()
+        .or_else(|| {
+            std::env::var("KUBECONFIG")
+                .ok()
+                .and_then(|v| v.split(':').next().map(PathBuf::from))
+        })
+        .expect("a kubeconfig file")
 }
 
 /// One test's world: cluster, namespace, content server and controller.
