@@ -223,4 +223,185 @@ mod tests {
             );
         }
     }
+
+    /// The policy on openflux's webhook configurations
+    /// (`webhook-config/registration-policy.yaml`) lets openflux's identity
+    /// create, or write over, only the ValidatingWebhookConfiguration it
+    /// publishes, with exactly the entries it ships: its variable `shipped`
+    /// is the template's entries (`src/webhook/validate/configuration.yaml`)
+    /// without their clientConfig, and the clientConfig is held to the
+    /// template's Service and path. It judges the identity the other
+    /// policies judge.
+    #[test]
+    fn the_policy_on_webhook_configurations_holds_the_shipped_entries() {
+        let root = crate::workspace_root();
+        let read = |path: &str| -> Vec<Value> {
+            let text = std::fs::read_to_string(root.join(path)).unwrap();
+            serde_yaml_ng::Deserializer::from_str(&text)
+                .map(|doc| Value::deserialize(doc).unwrap())
+                .filter(|doc| !doc.is_null())
+                .collect()
+        };
+        let docs = read("webhook-config/registration-policy.yaml");
+        let policy = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ValidatingAdmissionPolicy"
+                    && d["metadata"]["name"] == "openflux-webhook-configurations"
+            })
+            .expect("the policy openflux-webhook-configurations");
+        let variable = |name: &str| -> String {
+            policy["spec"]["variables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .and_then(|v| v["expression"].as_str())
+                .unwrap_or_else(|| panic!("no variable {name}"))
+                .to_string()
+        };
+        let template = read("src/webhook/validate/configuration.yaml").remove(0);
+        let mut entries = template["webhooks"].clone();
+        let mut services = Vec::new();
+        for entry in entries.as_array_mut().unwrap() {
+            let config = entry
+                .as_object_mut()
+                .unwrap()
+                .remove("clientConfig")
+                .unwrap();
+            services.push(config["service"].clone());
+        }
+        assert_eq!(
+            serde_json::from_str::<Value>(&without_dyn(&variable("shipped")))
+                .expect("the variable shipped is JSON once its dyn() are taken off"),
+            entries,
+            "the policy's shipped entries are not src/webhook/validate/configuration.yaml's"
+        );
+        let shipped = variable("asShipped");
+        for service in services {
+            for field in ["namespace", "name", "path"] {
+                let value = service[field].as_str().unwrap();
+                assert!(
+                    shipped.contains(&format!("w.clientConfig.service.{field} == '{value}'")),
+                    "{shipped}"
+                );
+            }
+        }
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"],
+            json!(format!("request.userInfo.username == '{OPENFLUX_USER}'"))
+        );
+        let exports = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ValidatingAdmissionPolicy"
+                    && d["metadata"]["name"] == "openflux-export-owners"
+            })
+            .expect("the policy openflux-export-owners");
+        assert_eq!(
+            exports["spec"]["matchConditions"],
+            policy["spec"]["matchConditions"]
+        );
+        for binding in docs
+            .iter()
+            .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        {
+            assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        }
+    }
+
+    /// The validating configuration openflux publishes is owned by its
+    /// ClusterRole (`src/webhook/registration.rs`, `OWNER`), so the garbage
+    /// collector deletes it when an uninstall removes that ClusterRole: the
+    /// policy on webhook configurations admits that owner and no other
+    /// (not the Artifact CRD, which an uninstall keeps), and the shipped
+    /// RBAC lets openflux read that ClusterRole (for its uid) and nothing
+    /// else of RBAC.
+    #[test]
+    fn the_validating_configuration_is_owned_by_openfluxs_cluster_role() {
+        let root = crate::workspace_root();
+        let registration =
+            std::fs::read_to_string(root.join("src/webhook/registration.rs")).unwrap();
+        let owner = registration
+            .lines()
+            .find_map(|l| l.strip_prefix("pub const OWNER: &str = \""))
+            .and_then(|rest| rest.strip_suffix("\";"))
+            .expect(
+                "src/webhook/registration.rs names the ClusterRole that owns the configuration",
+            );
+        let docs = shipped_rbac();
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == owner),
+            "manifests/rbac.yaml ships no ClusterRole {owner}"
+        );
+        let rbac_rules: Vec<&Value> = docs
+            .iter()
+            .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+            .filter(|rule| rule["apiGroups"] == json!(["rbac.authorization.k8s.io"]))
+            .collect();
+        assert_eq!(
+            rbac_rules,
+            [
+                &json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                     "resourceNames": [owner], "verbs": ["get"]})
+            ],
+            "openflux reads its own ClusterRole and nothing else of RBAC"
+        );
+        let text =
+            std::fs::read_to_string(root.join("webhook-config/registration-policy.yaml")).unwrap();
+        let policy = serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|doc| Value::deserialize(doc).unwrap())
+            .find(|d| {
+                d["kind"] == "ValidatingAdmissionPolicy"
+                    && d["metadata"]["name"] == "openflux-webhook-configurations"
+            })
+            .expect("the policy openflux-webhook-configurations");
+        let metadata = policy["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "shippedMetadata")
+            .and_then(|v| v["expression"].as_str())
+            .expect("the variable shippedMetadata")
+            .to_string();
+        for held in [
+            "size(object.metadata.ownerReferences) == 1".to_string(),
+            "o.apiVersion.startsWith('rbac.authorization.k8s.io/')".to_string(),
+            "o.kind == 'ClusterRole'".to_string(),
+            format!("o.name == '{owner}'"),
+        ] {
+            assert!(metadata.contains(&held), "{held} not in {metadata}");
+        }
+        assert!(!metadata.contains("CustomResourceDefinition"), "{metadata}");
+    }
+
+    /// `text` (a CEL literal of lists, maps, strings and numbers whose
+    /// values are wrapped in `dyn(...)`) with every `dyn(` and its `)` taken
+    /// off: outside string literals the literal holds no other parenthesis.
+    fn without_dyn(text: &str) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        let mut in_string = false;
+        while let Some(c) = rest.chars().next() {
+            if in_string {
+                out.push(c);
+                if c == '\\' {
+                    let escaped = rest[1..].chars().next().unwrap();
+                    out.push(escaped);
+                    rest = &rest[1 + escaped.len_utf8()..];
+                    continue;
+                }
+                in_string = c != '"';
+            } else if let Some(after) = rest.strip_prefix("dyn(") {
+                rest = after;
+                continue;
+            } else if c != ')' {
+                in_string = c == '"';
+                out.push(c);
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        out
+    }
 }
