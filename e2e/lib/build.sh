@@ -336,6 +336,48 @@ build() {
     say "built ${#todo[@]} binaries in $(($(date +%s) - start))s"
   fi
   copy_crds
+  build_test_tools
+}
+
+# ----------------------------------------------------------- test tools ----
+
+# What the tests run beside any Flux line, cheap to build, so built with the
+# line (`build`, `up`) and also by `up` on a control plane already running:
+# binary|wrapper dir under e2e/go|package|the variable `env` exports its
+# path in. pulumi-fetch fetches an artifact as the Pulumi Kubernetes
+# Operator's agent does (e2e/go/pulumi-fetch; a cold build takes under a
+# minute).
+TEST_TOOLS=(
+  "pulumi-fetch|pulumi-fetch|.|OPENFLUX_E2E_PULUMI_FETCH"
+)
+
+# build_test_tools: builds what is missing of TEST_TOOLS into the cache.
+build_test_tools() {
+  local entry name wrapper pkg todo=() i=0
+  for entry in "${TEST_TOOLS[@]}"; do
+    IFS='|' read -r name wrapper _ _ <<<"$entry"
+    hash_wrapper "$wrapper"
+    [ -x "$(binary_path "$name" "$wrapper")" ] || todo+=("$entry")
+  done
+  [ ${#todo[@]} -gt 0 ] || return 0
+  check_go
+  for entry in "${todo[@]}"; do
+    IFS='|' read -r name wrapper pkg _ <<<"$entry"
+    i=$((i + 1))
+    build_binary "$name" "$wrapper" "$pkg" "test tool $i/${#todo[@]}"
+  done
+}
+
+# test_tools_env: an export line per built test tool (an unset line for one
+# not built, so that an earlier eval does not leak a stale path).
+test_tools_env() {
+  local entry name wrapper var path
+  for entry in "${TEST_TOOLS[@]}"; do
+    IFS='|' read -r name wrapper _ var <<<"$entry"
+    hash_wrapper "$wrapper"
+    path=$(binary_path "$name" "$wrapper")
+    export_or_unset "$var" "$path" test -x "$path"
+  done
 }
 
 # ---------------------------------------------------------------- spiffe ----

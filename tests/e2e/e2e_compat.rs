@@ -5,9 +5,12 @@
 
 use openflux_testkit as support;
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
 use kube::ResourceExt;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use support::exports::{reference_to, source_revision, wait_export};
 use support::identity::acting_as;
 use support::openflux::publish;
@@ -102,6 +105,85 @@ fn rewritten_earlier(n: &str, name: &str) -> Value {
     old
 }
 
+/// The admission policy that holds openflux's identity to creating exports
+/// under the names it gives them now (webhook-config/registration-policy.yaml).
+const EXPORT_OWNERS: &str = "openflux-export-owners";
+
+/// Creates `export` as openflux's identity the way a release before
+/// openflux-export-owners did, under the name that release gave it: the
+/// policy's binding is taken away for the create and put back from the
+/// shipped file, and the policy is seen refusing again before this
+/// returns, whether the create worked or not. No other module's tests run
+/// beside these (`openflux_testkit::turns`), and none of this module's
+/// relies on that policy.
+async fn earlier_export(env: &Env, export: &Value) {
+    let binding = support::operator::yaml_documents(
+        &support::workspace_root().join("webhook-config/registration-policy.yaml"),
+    )
+    .into_iter()
+    .find(|d| {
+        d["kind"] == "ValidatingAdmissionPolicyBinding" && d["metadata"]["name"] == EXPORT_OWNERS
+    })
+    .expect("the shipped binding of openflux-export-owners");
+    let bindings = kube::Api::<kube::api::DynamicObject>::all_with(
+        env.client.clone(),
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        )),
+    );
+    bindings
+        .delete(EXPORT_OWNERS, &Default::default())
+        .await
+        .expect("taking the binding of openflux-export-owners away");
+    let openflux = acting_as(env, "openflux-system", "openflux");
+    // The API server drops the policy once its informer sees the delete.
+    let created = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match support::apply(&openflux, export).await {
+                Ok(_) => return,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await;
+    env.apply(&binding)
+        .await
+        .expect("putting the binding of openflux-export-owners back");
+    let mut probe = export.clone();
+    probe["metadata"]["name"] = json!("earlier-export-probe");
+    let (api, _) = support::dynamic_api(
+        &openflux,
+        "source.toolkit.fluxcd.io/v1",
+        "ExternalArtifact",
+        export["metadata"]["namespace"].as_str(),
+    )
+    .await
+    .expect("discovery");
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let probe: kube::api::DynamicObject = serde_json::from_value(probe).expect("an object");
+    wait_for(
+        "openflux-export-owners to refuse again",
+        TIMEOUT,
+        || async {
+            match api.create(&dry, &probe).await {
+                Err(kube::Error::Api(e)) if e.message.contains(&format!("'{EXPORT_OWNERS}'")) => {
+                    Some(())
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
+    created.unwrap_or_else(|_| {
+        panic!("openflux creating the earlier export {export} without the policy")
+    });
+}
+
 /// An Open Flux producer writes its own Artifact kind, owned by its source;
 /// an unchanged Kustomization referencing that source deploys it. Both API
 /// groups Open Flux has used, with and without the controller flag.
@@ -179,24 +261,131 @@ async fn open_flux_artifacts_reach_an_unchanged_kustomization() {
     ns.delete().await;
 }
 
+/// The pulumi-fetch program (e2e/go/pulumi-fetch): fluxcd/pkg/http/fetch
+/// v0.11.0's ArchiveFetcher called as the Pulumi Kubernetes Operator's
+/// agent calls it. `e2e/cluster up` builds it and `e2e/cluster env` names it.
+fn pulumi_fetch(env: &Env) -> PathBuf {
+    let path = env
+        .vars
+        .get("OPENFLUX_E2E_PULUMI_FETCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "no OPENFLUX_E2E_PULUMI_FETCH: run `e2e/cluster up` (it builds e2e/go/pulumi-fetch, \
+                 also beside a control plane already running), then `eval \"$(e2e/cluster env)\"`"
+            )
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: run `e2e/cluster up` to build it",
+        path.display()
+    );
+    path
+}
+
+/// What a fetch by the operator's agent left behind.
+struct Fetched {
+    /// The program's exit status and what it printed, when it failed.
+    refused: Option<String>,
+    /// The files in the directory it fetched into, by path, with their content.
+    files: BTreeMap<String, String>,
+}
+
+/// Fetches `url` with `digest` into a fresh directory, as the agent does
+/// with the `status.artifact` of the object a Stack's fluxSource names:
+/// a GET, the digest verified, the tarball untarred.
+async fn fetch_as_the_agent(program: &Path, url: &str, digest: &str) -> Fetched {
+    let (program, url, digest) = (program.to_path_buf(), url.to_string(), digest.to_string());
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = Command::new(&program)
+            .args([&url, &digest])
+            .arg(dir.path())
+            .env_remove("SOURCE_HOST")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+        let refused = (!out.status.success()).then(|| {
+            format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        });
+        let mut files = BTreeMap::new();
+        files_under(dir.path(), dir.path(), &mut files);
+        Fetched { refused, files }
+    })
+    .await
+    .expect("the fetch task")
+}
+
+fn files_under(root: &Path, dir: &Path, files: &mut BTreeMap<String, String>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files_under(root, &path, files);
+        } else {
+            let name = path.strip_prefix(root).expect("under the root");
+            let content = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            files.insert(name.to_string_lossy().into_owned(), content);
+        }
+    }
+}
+
+fn file_map(files: &[(&str, &str)]) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|(path, content)| (path.to_string(), content.to_string()))
+        .collect()
+}
+
+/// The object a Stack's `spec.fluxSource.sourceRef` names, in the Stack's
+/// namespace, once its `status.artifact` has `digest`: what the operator
+/// reads, whatever the kind.
+async fn stack_source(
+    env: &Env,
+    ns: &str,
+    source_ref: &Value,
+    digest: &str,
+) -> kube::core::DynamicObject {
+    let (api_version, kind, name) = (
+        source_ref["apiVersion"].as_str().expect("apiVersion"),
+        source_ref["kind"].as_str().expect("kind"),
+        source_ref["name"].as_str().expect("name"),
+    );
+    wait_for(
+        &format!("{kind} {ns}/{name} to carry the artifact {digest}"),
+        TIMEOUT,
+        || async {
+            let o = env.find(api_version, kind, ns, name).await?;
+            (field(&o, "/status/artifact/digest")?.as_str()? == digest).then_some(o)
+        },
+    )
+    .await
+}
+
 /// A Pulumi Stack's fluxSource naming a custom kind is rewritten to an
 /// object the operator can read, whose status.artifact carries the custom
-/// source's URL, revision and digest; the URL serves that digest.
+/// source's URL, revision and digest. What the operator's agent then does
+/// is done: the object the rewritten sourceRef names is read, its artifact
+/// fetched with the agent's fetcher (digest verified, untarred) and the
+/// files compared with what was published, for v1 and then for v2; a wrong
+/// digest is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
     let env = cluster().await;
+    let fetch = pulumi_fetch(&env);
     install(&env, &[("pulumi-stack.yaml", "stacks.pulumi.com")]).await;
     let ns = env.namespace("pulumi").await;
     let n = ns.name().to_string();
     let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
     let uid = writers::test_source(&env, TEST_GROUP, &n, "infra").await;
-    let spec = publish(
-        env.fixtures(),
-        &n,
-        "infra",
-        "v7",
-        &[("Pulumi.yaml", "name: infra\n")],
-    );
+    let v1_files = [("Pulumi.yaml", "name: infra\n")];
+    let spec = publish(env.fixtures(), &n, "infra", "v7", &v1_files);
     env.apply(&writers::owned_artifact(
         TEST_GROUP, &n, "infra", "infra", &uid, &spec,
     ))
@@ -230,25 +419,69 @@ async fn a_pulumi_stack_is_pointed_at_what_the_operator_reads() {
             .is_some_and(|w| w.contains("\"username\"")),
         "{writer:?}"
     );
-    let artifact = field(&export, "/status/artifact")
+
+    // The operator's agent reads the object the sourceRef names and
+    // fetches its artifact.
+    let digest = spec["digest"].as_str().expect("digest");
+    let source = stack_source(&env, &n, &target, digest).await;
+    let read = field(&source, "/status/artifact")
         .cloned()
         .expect("status.artifact");
-    assert_eq!(artifact["url"], spec["url"]);
-    assert_eq!(artifact["digest"], spec["digest"]);
+    assert_eq!(read["url"], spec["url"]);
     assert_eq!(
-        source_revision(&export).as_deref(),
+        source_revision(&source).as_deref(),
         spec["revision"].as_str()
     );
-    let body = reqwest::get(artifact["url"].as_str().unwrap())
+    let v1_revision = read["revision"].clone();
+    assert!(v1_revision.is_string(), "{read}");
+    let v1_url = read["url"].as_str().expect("url").to_string();
+    let fetched = fetch_as_the_agent(&fetch, &v1_url, digest).await;
+    assert_eq!(fetched.refused, None, "fetching v1 from {v1_url}");
+    assert_eq!(fetched.files, file_map(&v1_files));
+
+    // v2: a new revision with other content reaches the Stack's source.
+    let v2_files = [
+        ("Pulumi.yaml", "name: infra\nruntime: yaml\n"),
+        ("resources/bucket.yaml", "kind: Bucket\n"),
+    ];
+    let v2 = publish(env.fixtures(), &n, "infra", "v8", &v2_files);
+    env.apply(&writers::owned_artifact(
+        TEST_GROUP, &n, "infra", "infra", &uid, &v2,
+    ))
+    .await
+    .expect("writing v2 of the Artifact");
+    let v2_digest = v2["digest"].as_str().expect("digest");
+    let stack_now = env
+        .find("pulumi.com/v1", "Stack", &n, "infra")
         .await
-        .expect("GET")
-        .bytes()
-        .await
-        .expect("body");
+        .expect("the Stack");
     assert_eq!(
-        format!("sha256:{}", hex::encode(Sha256::digest(&body))),
-        spec["digest"].as_str().unwrap()
+        field(&stack_now, "/spec/fluxSource/sourceRef"),
+        Some(&target)
     );
+    let source = stack_source(&env, &n, &target, v2_digest).await;
+    let read = field(&source, "/status/artifact")
+        .cloned()
+        .expect("status.artifact");
+    assert_eq!(read["url"], v2["url"]);
+    assert_eq!(source_revision(&source).as_deref(), v2["revision"].as_str());
+    assert_ne!(read["revision"], v1_revision, "{read}");
+    let v2_url = read["url"].as_str().expect("url").to_string();
+    let fetched = fetch_as_the_agent(&fetch, &v2_url, v2_digest).await;
+    assert_eq!(fetched.refused, None, "fetching v2 from {v2_url}");
+    assert_eq!(fetched.files, file_map(&v2_files));
+
+    // The fetch verifies what it got: v2's tarball under v1's digest is
+    // refused and nothing is untarred.
+    let wrong = fetch_as_the_agent(&fetch, &v2_url, digest).await;
+    let refused = wrong
+        .refused
+        .expect("a fetch with another artifact's digest to fail");
+    assert!(
+        refused.contains("computed digest doesn't match"),
+        "{refused}"
+    );
+    assert!(wrong.files.is_empty(), "{:?}", wrong.files);
     ns.delete().await;
 }
 
@@ -278,8 +511,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
         .expect("writing the Artifact");
     // What an earlier release left: its export (which only openflux may
     // write) and a rewritten consumer.
-    let openflux = acting_as(&env, "openflux-system", "openflux");
-    support::apply(&openflux, &json!({
+    earlier_export(&env, &json!({
         "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "ExternalArtifact",
         "metadata": {"name": "testsource-web", "namespace": n,
                      "labels": {"app.kubernetes.io/managed-by": "openflux"},
@@ -287,8 +519,7 @@ async fn consumers_of_earlier_exports_are_moved_and_the_old_export_goes() {
                                           "uid": artifact.uid().unwrap(), "controller": true}]},
         "spec": {"sourceRef": {"apiVersion": TEST_SOURCE, "kind": "TestSource", "name": "web"}},
     }))
-    .await
-    .expect("the earlier export");
+    .await;
     env.apply(&rewritten_earlier(&n, "web"))
         .await
         .expect("the consumer an earlier release rewrote");
@@ -476,6 +707,104 @@ async fn an_artifact_from_a_writer_that_may_not_speak_for_the_source_is_not_depl
     assert!(
         writer.contains(&format!("system:serviceaccount:{n}:producer")),
         "{writer}"
+    );
+    ns.delete().await;
+}
+
+/// `spec.exportedInputs` is part of what is exported (an ExternalArtifact's
+/// `status.exportedInputs`): an identity that may patch Artifacts but not
+/// update the source's status, patching only those inputs of the
+/// producer's exported Artifact, becomes its recorded writer and the
+/// Artifact is refused. Inputs nested deeper than openflux's controllers
+/// decode are refused at admission, whoever writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patching_only_the_exported_inputs_makes_the_patcher_the_writer() {
+    use kube::api::{Patch, PatchParams};
+
+    let env = cluster().await;
+    install(&env, &[]).await;
+    let ns = env.namespace("trust-inputs").await;
+    let n = ns.name().to_string();
+    let (_of, _webhook) = openflux_with_webhook(&env, &n, &[]).await;
+    writers::intruder_and_producer(&env, TEST_GROUP, &n).await;
+    let uid = writers::test_source(&env, TEST_GROUP, &n, "inputs").await;
+    writers::write_as(
+        &env,
+        &n,
+        "producer",
+        Written {
+            group: TEST_GROUP,
+            name: "inputs",
+            source: "inputs",
+            uid: &uid,
+            labels: None,
+        },
+    )
+    .await;
+    wait_export(&env, &n, "inputs", |_| true).await;
+
+    let patch_as = |who: &'static str, inputs: Value| {
+        let client = acting_as(&env, &n, who);
+        let n = n.clone();
+        async move {
+            let (artifacts, _) = support::dynamic_api(&client, ARTIFACT, "Artifact", Some(&n))
+                .await
+                .map_err(|e| e.to_string())?;
+            artifacts
+                .patch(
+                    "inputs",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"exportedInputs": inputs}})),
+                )
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let intruder = format!("system:serviceaccount:{n}:intruder");
+    // RBAC bindings take a moment to apply: retry until patched.
+    let patched = wait_for("the intruder's patch of the inputs", TIMEOUT, || async {
+        patch_as("intruder", json!({"env": "prod"})).await.ok()
+    })
+    .await;
+    let writer = patched
+        .annotations()
+        .get("openflux.dev/written-by")
+        .cloned()
+        .unwrap_or_default();
+    assert!(writer.contains(&intruder), "{writer}");
+    let refused = wait_for("the patched Artifact to be refused", TIMEOUT, || async {
+        let a = env.find(ARTIFACT, "Artifact", &n, "inputs").await?;
+        let (status, reason, message) = ready_condition(&a)?;
+        (status == "False" && reason == "Untrusted").then_some(message)
+    })
+    .await;
+    assert!(refused.contains(&intruder), "{refused}");
+    let export = openflux::names::identity::source_export_name(TEST_GROUP, "TestSource", "inputs");
+    if let Some(exported) = env
+        .find(
+            "source.toolkit.fluxcd.io/v1",
+            "ExternalArtifact",
+            &n,
+            &export,
+        )
+        .await
+    {
+        assert_ne!(
+            field(&exported, "/status/exportedInputs/env"),
+            Some(&json!("prod")),
+            "the intruder's inputs were exported"
+        );
+    }
+
+    // Nested past what the controllers decode: refused, saying why.
+    let deep = (0..130).fold(json!("leaf"), |inner, _| json!({ "l": inner }));
+    let error = patch_as("producer", deep)
+        .await
+        .expect_err("inputs 130 levels deep were admitted");
+    assert!(
+        error.contains("spec.exportedInputs is nested deeper than")
+            && error.contains("the controllers cannot decode it"),
+        "{error}"
     );
     ns.delete().await;
 }
