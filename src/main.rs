@@ -48,6 +48,9 @@ struct RunCmd {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the controllers (mirror, export) and the admission webhook.
+    /// A flag given twice takes its last value, so that extra arguments
+    /// (the chart's `extraArgs`) override the shipped ones.
+    #[command(args_override_self = true)]
     Run(Box<RunCmd>),
     /// Print the CustomResourceDefinitions of openflux's API as YAML.
     Crds {
@@ -202,6 +205,33 @@ mod tests {
             panic!("the Deployment runs `openflux run`");
         };
         cmd.webhook
+    }
+
+    /// Extra arguments come after the shipped ones: a flag given again
+    /// takes its last value instead of being refused.
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let cli = Cli::try_parse_from([
+            "openflux",
+            "run",
+            "--log-level=info",
+            "--concurrent=4",
+            "--webhook-addr=:9443",
+            "--log-level=debug",
+            "--concurrent=8",
+            "--webhook-addr=:10443",
+        ])
+        .unwrap();
+        let Command::Run(cmd) = cli.command else {
+            panic!("parsed as `openflux run`");
+        };
+        let runtime = &cmd.run.runtime;
+        assert_eq!(
+            runtime.log.log_level,
+            openflux::api::runtime::flags::LogLevel::Debug
+        );
+        assert_eq!(runtime.concurrent, 8);
+        assert_eq!(cmd.webhook.webhook_addr, ":10443".parse().unwrap());
     }
 
     /// `WebhookArgs::default()`, which tests start from, is what

@@ -69,8 +69,10 @@ const VERSION: &str = concat!(
 
 /// The HttpSource controller: fetches tar.gz archives or YAML files over
 /// HTTP(S) and publishes them as openflux Artifacts.
+/// A flag given twice takes its last value, so that extra arguments (the
+/// chart's `extraArgs`) override the shipped ones.
 #[derive(Parser, Debug)]
-#[command(name = "openflux-http-source", version = VERSION)]
+#[command(name = "openflux-http-source", version = VERSION, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -415,6 +417,27 @@ mod tests {
         ] {
             assert!(ports.contains(&(addr.port() as i64)), "{addr}");
         }
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let cli = Cli::try_parse_from([
+            "openflux-http-source",
+            "--log-level=info",
+            "--concurrent=4",
+            "--fetch-stall-timeout=30s",
+            "--log-level=debug",
+            "--concurrent=2",
+            "--fetch-stall-timeout=1m",
+        ])
+        .unwrap();
+        let flux = &cli.run.runtime;
+        assert_eq!(
+            flux.log.log_level,
+            openflux_api::runtime::flags::LogLevel::Debug
+        );
+        assert_eq!(flux.concurrent, 2);
+        assert_eq!(cli.run.fetch_stall_timeout, Duration::from_secs(60));
     }
 
     #[test]
