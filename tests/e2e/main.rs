@@ -34,4 +34,5 @@ mod e2e_restart;
 mod e2e_roles;
 mod e2e_shards;
 mod e2e_source_policy;
+mod e2e_upstream;
 mod e2e_webhook;
