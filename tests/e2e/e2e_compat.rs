@@ -643,7 +643,108 @@ async fn flux_trace_names_the_custom_source() {
             || text.contains("resource is suspended")),
         "flux reconcile kustomization web --with-source:\n{text}"
     );
+    // The views docs/troubleshooting.md shows, each run here: the doc's
+    // examples are this test's output (namespace renamed), so their
+    // columns and rows are what the CLI prints on openflux's objects.
+    let views: [(&str, &[&str]); 4] = [
+        ("flux get sources all -A", &["get", "sources", "all", "-A"]),
+        (
+            "flux get kustomizations -n apps",
+            &["get", "kustomizations"],
+        ),
+        (
+            "flux tree kustomization web -n apps",
+            &["tree", "kustomization", "web"],
+        ),
+        (
+            "flux events --for Kustomization/web -n apps",
+            &["events", "--for", "Kustomization/web"],
+        ),
+    ];
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/troubleshooting.md"
+    ))
+    .expect("docs/troubleshooting.md");
+    for (shown, args) in views {
+        let (ok, text) = flux_run(args);
+        // Another module's objects are not this test's: only the header
+        // and the rows of this namespace of an all-namespaces listing.
+        let text: String = text
+            .lines()
+            .filter(|l| !args.contains(&"-A") || l.starts_with("NAMESPACE") || l.contains(&n))
+            .map(|l| format!("{}\n", l.replace(&n, "apps")))
+            .collect();
+        println!("$ {shown}\n{text}");
+        assert!(ok, "{shown}:\n{text}");
+        let expected: &[&str] = match args[0] {
+            "get" => &["sha256:", "True"],
+            "tree" => &["Kustomization/apps/web", "ConfigMap/apps/app-config"],
+            _ => &["Kustomization/web"],
+        };
+        for e in expected {
+            assert!(text.contains(e), "{shown} does not show {e}:\n{text}");
+        }
+        let example = doc_example(&doc, shown).unwrap_or_else(|| {
+            panic!("docs/troubleshooting.md has no example of `{shown}`; it prints:\n{text}")
+        });
+        // Ages (`12s`, `3m4s`) differ from run to run.
+        let words = |l: &str| {
+            l.split_whitespace()
+                .map(|w| match is_age(w) {
+                    true => "<age>".to_string(),
+                    false => w.to_string(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let printed: Vec<Vec<String>> = text.lines().map(words).collect();
+        assert_eq!(
+            example.first().map(|l| words(l)),
+            printed.first().cloned(),
+            "the first line of the doc's `{shown}` is not the CLI's:\n{text}"
+        );
+        for line in &example {
+            let first = words(line).into_iter().next().unwrap_or_default();
+            assert!(
+                printed.iter().any(|p| p.first() == Some(&first)),
+                "the doc's `{shown}` shows a row {first:?} the CLI does not print:\n{text}"
+            );
+        }
+    }
     ns.delete().await;
+}
+
+/// Whether `word` is an age as kubectl prints one: `45s`, `3m4s`, `2d`.
+fn is_age(word: &str) -> bool {
+    let mut digits = false;
+    let mut parts = 0;
+    for c in word.chars() {
+        match c {
+            '0'..='9' => digits = true,
+            's' | 'm' | 'h' | 'd' if digits => {
+                digits = false;
+                parts += 1;
+            }
+            _ => return false,
+        }
+    }
+    parts > 0 && !digits
+}
+
+/// The output docs/troubleshooting.md shows for `$ command`: the lines
+/// after it in its `console` block.
+fn doc_example(doc: &str, command: &str) -> Option<Vec<String>> {
+    let start = doc.find(&format!("$ {command}\n"))?;
+    let rest = &doc[start..];
+    let block = &rest[..rest.find("```")?];
+    Some(
+        block
+            .lines()
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// An Artifact counts for a source only when its writer may update that
