@@ -1,14 +1,20 @@
 # syntax=docker/dockerfile:1
 # The two images of openflux, built from a clone of this repository:
 #
-#   docker build -t openflux:0.1.0 .
-#   docker build --target http-source -t openflux-http-source:0.1.0 .
+#   docker build --build-arg OPENFLUX_BUILD_COMMIT="$(git rev-parse HEAD)" -t openflux:0.2.0 .
+#   docker build --build-arg OPENFLUX_BUILD_COMMIT="$(git rev-parse HEAD)" \
+#     --target http-source -t openflux-http-source:0.2.0 .
 #
 # `make images` builds the same two images without a container engine
-# (CONTRIBUTING.md, "Images"). Both binaries are built once, in one stage, for the
-# build platform's architecture, and run on distroless cc: glibc and libgcc
-# of the same Debian release as the build stage, CA roots, and the non-root
-# user 65532.
+# (CONTRIBUTING.md, "Images"); releases are made by `make release`
+# (docs/release.md), not from this file. Both binaries are built once, in
+# one stage, for the build platform's architecture, and run on distroless
+# cc: glibc and libgcc of the same Debian release as the build stage, CA
+# roots, and the non-root user 65532. The context holds what cargo reads
+# (.dockerignore): the workspace's manifests and lock file, the build
+# script, the sources and the benches the root manifest declares; not .git,
+# so `--version` names the commit given as OPENFLUX_BUILD_COMMIT ("unknown"
+# without it).
 
 ARG RUST_VERSION=1.95
 ARG BASE=gcr.io/distroless/cc-debian12:nonroot
@@ -19,6 +25,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY benches ./benches
 COPY crates ./crates
+ARG OPENFLUX_BUILD_COMMIT=
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked -p openflux -p openflux-http-source --bins \
@@ -36,7 +43,7 @@ EXPOSE 9090 8080 9440
 LABEL org.opencontainers.image.title="openflux-http-source" \
       org.opencontainers.image.description="HttpSource: the reference custom source for openflux, built on openflux-api alone" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.version="0.1.0"
+      org.opencontainers.image.version="0.2.0"
 ENTRYPOINT ["/openflux-http-source"]
 
 # The default target: openflux (webhook, mirror and export controllers).
@@ -48,5 +55,5 @@ EXPOSE 9443 8080 9440
 LABEL org.opencontainers.image.title="openflux" \
       org.opencontainers.image.description="Opens upstream Flux to custom source types: Artifact mirror, export to Flux-consumable objects and a mutating webhook" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.version="0.1.0"
+      org.opencontainers.image.version="0.2.0"
 ENTRYPOINT ["/openflux"]

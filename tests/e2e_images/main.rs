@@ -7,7 +7,10 @@
 //! of the image (and the ones a Pod would mount) are used: openflux serves
 //! its webhook over TLS to the API server and exports a custom source, the
 //! HttpSource controller fetches over HTTPS with the image's CA roots plus a
-//! mounted CA.
+//! mounted CA. Two modules need no image, no root and no cluster (the
+//! pull-request workflow runs them): `dockerfile::` checks that the
+//! Dockerfile builds from what its context holds, `workflows::` the release
+//! and pull-request workflows.
 
 use openflux_testkit as support;
 
@@ -17,6 +20,7 @@ mod fixtures;
 #[path = "../common/https.rs"]
 mod https;
 mod rooted;
+mod workflows;
 
 use std::process::Command;
 

@@ -30,6 +30,11 @@ pub fn previous_commit() -> String {
 }
 
 fn run(what: &str, command: &mut Command) -> Vec<u8> {
+    run_output(what, command).stdout
+}
+
+/// Runs `command`, which must succeed: its stdout and stderr.
+fn run_output(what: &str, command: &mut Command) -> std::process::Output {
     let out = command
         .stdin(Stdio::null())
         .output()
@@ -41,7 +46,7 @@ fn run(what: &str, command: &mut Command) -> Vec<u8> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    out.stdout
+    out
 }
 
 fn target_dir() -> PathBuf {
@@ -92,6 +97,23 @@ pub struct Bundle {
     pub dir: PathBuf,
     /// The helm `make release` built (from its Go module).
     pub helm: PathBuf,
+    /// The commit it was released from, as `make release` said (and as
+    /// its binaries' `--version` says).
+    pub commit: String,
+    /// The public key of the tests' own signing key, which stands in for
+    /// the project's (`cosign.pub` at the repository's root) in a test
+    /// build (`TEST_BUILD=1`): the throwaway key `make release` made for
+    /// it. None for an unsigned bundle.
+    pub test_key: Option<PathBuf>,
+}
+
+/// The cosign that `make release` builds (from its Go module).
+pub fn cosign() -> PathBuf {
+    let cosign = run(
+        "release/tools bin cosign",
+        Command::new(workspace_root().join("release/tools")).args(["bin", "cosign"]),
+    );
+    PathBuf::from(String::from_utf8_lossy(&cosign).trim())
 }
 
 /// The version in the workspace's Cargo.toml.
@@ -146,11 +168,24 @@ fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> B
         release.env(name, value);
         publish.env(name, value);
     }
-    let out = run(
+    let out = run_output(
         &format!("{}/release/release (make release)", tree.display()),
         &mut release,
     );
-    println!("make release: {}", String::from_utf8_lossy(&out).trim());
+    println!(
+        "make release: {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    // "openflux X.Y.Z, commit <sha>, SOURCE_DATE_EPOCH ..."
+    let log = String::from_utf8_lossy(&out.stderr);
+    let said = format!("openflux {version}, commit ");
+    let commit = log
+        .lines()
+        .find_map(|l| l.split_once(&said))
+        .and_then(|(_, rest)| rest.split(',').next())
+        .filter(|c| c.len() == 40 && c.chars().all(|ch| ch.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("make release named no commit:\n{log}"))
+        .to_string();
     run(
         &format!("{}/release/publish (make publish)", tree.display()),
         &mut publish,
@@ -159,12 +194,28 @@ fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> B
         .iter()
         .find(|(name, _)| *name == "CARGO_TARGET_DIR")
         .map_or_else(target_dir, |(_, dir)| PathBuf::from(dir));
+    let test_key = target.join("release-keys/test/cosign.pub");
+    let test_build = env
+        .iter()
+        .any(|(name, value)| *name == "TEST_BUILD" && *value == "1");
+    let signed = !env
+        .iter()
+        .any(|(name, value)| *name == "SIGN" && *value == "0");
     Bundle {
         tree: tree.to_path_buf(),
         dir: target.join("dist").join(&version),
         version,
         registry: registry.to_string(),
         helm: helm(),
+        commit,
+        test_key: (test_build && signed).then(|| {
+            assert!(
+                test_key.exists(),
+                "a test build signed without COSIGN_KEY leaves its key in {}",
+                test_key.display()
+            );
+            test_key
+        }),
     }
 }
 
@@ -174,8 +225,12 @@ static BUNDLE: OnceLock<Bundle> = OnceLock::new();
 /// does to the cell's registry (plain HTTP), once per test process:
 /// signed, with install.yaml, the chart and the manifests artifact, all
 /// naming the images by digest, each image an index of linux/amd64 and
-/// linux/arm64. Two differences from a release, both said: a tree with
-/// uncommitted changes is allowed (`ALLOW_DIRTY=1`), and the arm64
+/// linux/arm64, SHA256SUMS and its signature. Three differences from a
+/// release, all said by `make release`: a test build (`TEST_BUILD=1`),
+/// signed with the tests' own throwaway key instead of the project's
+/// (whose private half is a secret of the release workflow), so its
+/// `cosign.pub` is that key's ([`Bundle::test_key`]); a tree with
+/// uncommitted changes is allowed (`ALLOW_DIRTY=1`); and the arm64
 /// binaries are built without the release profile's optimisation
 /// (`QUICK_CROSS=1`: a debug build's time, not the 17 minutes of an
 /// optimised cross build); release/release still checks that they are
@@ -188,6 +243,7 @@ pub fn published_bundle(env: &Env) -> &'static Bundle {
             &workspace_root(),
             &registry,
             &[
+                ("TEST_BUILD", OsStr::new("1")),
                 ("ALLOW_DIRTY", OsStr::new("1")),
                 ("QUICK_CROSS", OsStr::new("1")),
             ],
