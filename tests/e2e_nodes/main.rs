@@ -24,6 +24,7 @@ mod overlay;
 mod release;
 mod repair;
 mod rotation;
+mod uninstall;
 mod upgrade;
 
 use std::sync::atomic::{AtomicBool, Ordering};

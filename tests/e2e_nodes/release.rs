@@ -1,16 +1,25 @@
 //! openflux installed from its release, as docs/install.md says: this tree
 //! released (`make release`) and published to the cell's registry (`make
-//! publish`, see [`support::release::published_bundle`]), then each of the
-//! three install paths from nothing (`kubectl apply -f install.yaml`, `helm
-//! install` from the OCI chart, Flux's `OCIRepository` with `verify` and
-//! two Kustomizations), a custom source run through an unchanged
-//! Kustomization on each, and each path's uninstall, after which none of
-//! the objects install.yaml lists, nor the webhook configuration openflux
-//! writes at run time, is left.
+//! publish`, see [`support::release::published_bundle`]), verified as
+//! docs/install.md's "Verify the release" says (SHA256SUMS.sig with
+//! cosign.pub, `sha256sum -c`, `cosign verify` of each artifact in the
+//! registry; the tests' own key, of the kind of the project's, stands in
+//! for it), then each of the three install paths from nothing (`kubectl
+//! apply -f install.yaml`, `helm install` from the OCI chart, Flux's
+//! `OCIRepository` with `verify` and two Kustomizations), a custom source
+//! run through an unchanged Kustomization on each, and each path's
+//! uninstall, after which none of the objects install.yaml lists, nor the
+//! webhook configuration openflux writes at run time, is left. A bundle
+//! whose checksums, files, signature or key were changed fails that
+//! verification.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 
+use base64::Engine as _;
 use openflux_testkit as support;
+use sha2::Digest as _;
 use support::release::Bundle;
 use support::{field, Cell, Env};
 
@@ -32,23 +41,28 @@ pub(super) fn doc_block(bundle: &Bundle, heading: &str, lang: &str) -> String {
         .replace("X.Y.Z", &bundle.version)
 }
 
-/// Runs `script` with bash (`-euo pipefail`) in the bundle's directory:
-/// `kubectl` the cell's, `helm` the release's, `REGISTRY` the bundle's.
-pub(super) fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
+/// The cosign `make release` built (from its Go module), once.
+fn cosign() -> &'static Path {
+    static COSIGN: OnceLock<PathBuf> = OnceLock::new();
+    COSIGN.get_or_init(support::release::cosign)
+}
+
+/// Runs `script` with bash (`-euo pipefail`) in `dir`: `kubectl` the
+/// cell's, `helm` and `cosign` the release's, `REGISTRY` the bundle's.
+fn bash_in(env: &Env, bundle: &Bundle, dir: &Path, script: &str) -> Output {
     let kubectl = support::nodes::var(env, "OPENFLUX_E2E_KUBECTL");
     let dirs = [
-        std::path::Path::new(kubectl)
-            .parent()
-            .expect("kubectl's dir"),
+        Path::new(kubectl).parent().expect("kubectl's dir"),
         bundle.helm.parent().expect("helm's dir"),
+        cosign().parent().expect("cosign's dir"),
     ];
     let path = std::env::join_paths(dirs.iter().map(|d| d.to_path_buf()).chain(
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
     ))
     .expect("PATH");
-    let out = Command::new("bash")
+    Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
-        .current_dir(&bundle.dir)
+        .current_dir(dir)
         .env(
             "KUBECONFIG",
             env.kubeconfig.as_ref().expect("the cell's kubeconfig"),
@@ -57,7 +71,14 @@ pub(super) fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
         .env("PATH", path)
         .stdin(Stdio::null())
         .output()
-        .expect("running bash");
+        .expect("running bash")
+}
+
+/// Runs `script` with bash (`-euo pipefail`) in the bundle's directory:
+/// `kubectl` the cell's, `helm` and `cosign` the release's, `REGISTRY` the
+/// bundle's. It must succeed.
+pub(super) fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
+    let out = bash_in(env, bundle, &bundle.dir, script);
     assert!(
         out.status.success(),
         "failed ({}):\n{script}\n----- stdout\n{}\n----- stderr\n{}",
@@ -68,14 +89,99 @@ pub(super) fn sh(env: &Env, bundle: &Bundle, script: &str) -> Output {
     out
 }
 
-/// docs/install.md's step 3 of "Uninstall" for kubectl.
-pub(super) const UNINSTALL_KUBECTL: &str =
-    "kubectl delete -f install.yaml --ignore-not-found --wait=true --timeout=180s\n";
+/// docs/install.md's block that verifies the release's files.
+const VERIFY_FILES: &str = "### Verify the files";
+/// docs/install.md's block that verifies the artifacts in the registry.
+const VERIFY_ARTIFACTS: &str = "### Verify the images, the chart and the manifests artifact";
 
-/// docs/install.md's step 3 of "Uninstall" for Helm.
-pub(super) const UNINSTALL_HELM: &str =
-    "helm uninstall openflux -n openflux-system --wait --timeout 180s\n\
-     kubectl delete namespace openflux-system --ignore-not-found --wait=true --timeout=180s\n";
+/// The DER prefix of an ECDSA P-256 public key (SubjectPublicKeyInfo:
+/// id-ecPublicKey, prime256v1, then the 65-byte uncompressed point): the
+/// kind of key `cosign generate-key-pair` makes.
+const P256_SPKI: &[u8] = &[
+    0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
+    0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00, 0x04,
+];
+
+/// The DER of the PEM public key at `path`, which must be an ECDSA P-256
+/// key, as the project's cosign.pub is.
+fn p256_key(path: &Path) -> Vec<u8> {
+    let pem =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let body: String = pem
+        .lines()
+        .skip_while(|l| *l != "-----BEGIN PUBLIC KEY-----")
+        .skip(1)
+        .take_while(|l| *l != "-----END PUBLIC KEY-----")
+        .collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap_or_else(|e| panic!("{} is not a PEM public key: {e}", path.display()));
+    assert!(
+        der.len() == 91 && der.starts_with(P256_SPKI),
+        "{} is not an ECDSA P-256 public key, the kind cosign.pub is",
+        path.display()
+    );
+    der
+}
+
+/// The tests' own key, which signed `bundle` in the project's key's stead:
+/// of the same kind as the project's cosign.pub, not that key, and the one
+/// the bundle ships as its cosign.pub.
+fn tests_key(bundle: &Bundle) -> Vec<u8> {
+    let test_key = bundle
+        .test_key
+        .as_ref()
+        .expect("the bundle is a test build signed with the tests' key");
+    let project = p256_key(&support::workspace_root().join("cosign.pub"));
+    let key = p256_key(test_key);
+    assert_ne!(
+        key, project,
+        "a test build is not signed with the project's key"
+    );
+    assert_eq!(
+        p256_key(&bundle.dir.join("cosign.pub")),
+        key,
+        "the bundle's cosign.pub is the key that signed it"
+    );
+    key
+}
+
+/// `block` with cosign told that the cell's registry speaks plain HTTP
+/// (`cosign verify` only; `verify-blob` reads no registry).
+fn with_plain_http_cosign(block: &str) -> String {
+    format!(
+        "cosign() {{ if [ \"$1\" = verify ]; then command cosign \"$@\" --allow-http-registry --allow-insecure-registry; else command cosign \"$@\"; fi; }}\n{block}"
+    )
+}
+
+/// The release verified as docs/install.md's "Verify the release" says,
+/// before anything of it is installed, with the tests' key (of the kind
+/// of the project's) as cosign.pub: SHA256SUMS.sig, every file against
+/// SHA256SUMS, then each image, the chart and the manifests artifact in
+/// the registry.
+pub(super) fn verified(env: &Env, bundle: &Bundle) {
+    tests_key(bundle);
+    let files = doc_block(bundle, VERIFY_FILES, "sh");
+    assert!(
+        files.contains("--key cosign.pub") && files.contains("SHA256SUMS.sig"),
+        "{files}"
+    );
+    let out = sh(env, bundle, &files);
+    let checked = String::from_utf8_lossy(&out.stdout);
+    for file in ["install.yaml", &format!("openflux-{}.tgz", bundle.version)] {
+        assert!(
+            checked.contains(&format!("{file}: OK")),
+            "{file} is checked against SHA256SUMS: {checked}"
+        );
+    }
+    let artifacts = doc_block(bundle, VERIFY_ARTIFACTS, "sh");
+    assert!(artifacts.contains("--key cosign.pub"), "{artifacts}");
+    sh(env, bundle, &with_plain_http_cosign(&artifacts));
+    println!(
+        "{}: verified with the tests' key (SHA256SUMS.sig, sha256sum -c, cosign verify of each artifact)",
+        bundle.dir.display()
+    );
+}
 
 /// `block` with helm told that the cell's registry speaks plain HTTP, the
 /// block itself run as written.
@@ -112,39 +218,66 @@ pub(super) fn from_nothing(env: &Env, bundle: &Bundle) {
     assert!(left.is_empty(), "before the install: {left:?}");
 }
 
-/// Uninstalled as docs/install.md's "Uninstall" says for the path whose
-/// removal is `remove` (step 3): openflux stopped and its webhook
-/// configurations removed, the path's objects removed, the validating
-/// configuration deleted again; nothing is left.
-pub(super) fn uninstall(env: &Env, bundle: &Bundle, stop: bool, remove: &str) {
-    if stop {
-        sh(
-            env,
-            bundle,
-            "kubectl -n openflux-system scale deployment -l app.kubernetes.io/name=openflux --replicas=0\n\
-             kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration openflux\n",
-        );
-    }
-    sh(env, bundle, remove);
-    // What is deleted in the background (the namespace, whose content goes
-    // first) is gone before anything is counted as left.
+/// What an uninstall keeps of openflux, as `kubectl get -o name` names
+/// it: its CRDs, and with them the custom resources.
+pub(super) const KEPT: [&str; 3] = [
+    "customresourcedefinition.apiextensions.k8s.io/artifacts.openflux.dev",
+    "customresourcedefinition.apiextensions.k8s.io/httpsources.sources.openflux.dev",
+    "customresourcedefinition.apiextensions.k8s.io/sourcepolicies.openflux.dev",
+];
+
+/// Waits (blocking) until what of openflux is left ([`left`]) is `wanted`:
+/// what is deleted in the background (the namespace, whose content goes
+/// first; the validating configuration openflux wrote, which the garbage
+/// collector deletes once its owner, openflux's ClusterRole, is gone) is
+/// gone before anything is counted. Panics with what is left.
+pub(super) fn left_becomes(env: &Env, bundle: &Bundle, wanted: &[&str], after: &str) {
     sh(
         env,
         bundle,
-        "kubectl delete validatingwebhookconfiguration openflux --ignore-not-found\n\
-         kubectl wait --for=delete namespace/openflux-system --timeout=180s\n",
+        "kubectl wait --for=delete namespace/openflux-system --timeout=180s\n",
     );
-    let left = left(env, bundle);
-    assert!(
-        left.is_empty(),
-        "after the uninstall ({remove:?}) these are left: {left:?}"
-    );
+    let deadline = std::time::Instant::now() + ROLLOUT;
+    loop {
+        let left = left(env, bundle);
+        if left == wanted {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ROLLOUT:?} after {after}, these are left: {left:?} (wanted {wanted:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+}
+
+/// docs/install.md's "Uninstall with `path`" block (`kubectl`, `Helm`,
+/// `Flux`), run as written: nothing of openflux is left but its CRDs, no
+/// webhook configuration, no admission policy.
+pub(super) fn uninstall_keeping_the_crds(env: &Env, bundle: &Bundle, path: &str) {
+    let heading = format!("### Uninstall with {path}");
+    let block = doc_block(bundle, &heading, "sh");
+    sh(env, bundle, &block);
+    left_becomes(env, bundle, &KEPT, &heading);
+}
+
+/// Uninstalled to nothing as docs/install.md's "Uninstall" says for
+/// `path`: its "Uninstall with `path`" block, then "Delete the custom
+/// resources too"; nothing of openflux is left.
+pub(super) fn uninstall(env: &Env, bundle: &Bundle, path: &str) {
+    uninstall_keeping_the_crds(env, bundle, path);
+    let heading = "### Delete the custom resources too";
+    let block = doc_block(bundle, heading, "sh");
+    assert!(block.contains("kubectl delete crd"), "{block}");
+    sh(env, bundle, &block);
+    left_becomes(env, bundle, &[], heading);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_with_kubectl_from_install_yaml_then_uninstalled_to_nothing() {
     let env = support::cell(Cell::Nodes).await;
     let bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
+    tokio::task::block_in_place(|| verified(&env, bundle));
     tokio::task::block_in_place(|| from_nothing(&env, bundle));
     // Each image install.yaml names is an index of both platforms; the
     // nodes pull the one of their own.
@@ -163,13 +296,14 @@ async fn installed_with_kubectl_from_install_yaml_then_uninstalled_to_nothing() 
     assert!(install.contains("install.yaml"), "{install}");
     tokio::task::block_in_place(|| sh(&env, bundle, &install));
     custom_source_flows(&env, "release-kubectl").await;
-    tokio::task::block_in_place(|| uninstall(&env, bundle, true, UNINSTALL_KUBECTL));
+    tokio::task::block_in_place(|| uninstall(&env, bundle, "kubectl"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_with_helm_from_the_oci_chart_then_uninstalled_to_nothing() {
     let env = support::cell(Cell::Nodes).await;
     let bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
+    tokio::task::block_in_place(|| verified(&env, bundle));
     tokio::task::block_in_place(|| from_nothing(&env, bundle));
     let install = doc_block(bundle, "## Helm", "sh");
     assert!(
@@ -178,14 +312,36 @@ async fn installed_with_helm_from_the_oci_chart_then_uninstalled_to_nothing() {
     );
     let install = with_plain_http_helm(&install);
     tokio::task::block_in_place(|| sh(&env, bundle, &install));
+    // The namespace the documented commands make holds Pods to the
+    // restricted Pod Security level, as install.yaml's does.
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(env.client.clone());
+    let labels = namespaces
+        .get("openflux-system")
+        .await
+        .expect("the namespace openflux-system")
+        .metadata
+        .labels
+        .unwrap_or_default();
+    for label in [
+        "pod-security.kubernetes.io/enforce",
+        "pod-security.kubernetes.io/warn",
+    ] {
+        assert_eq!(
+            labels.get(label).map(String::as_str),
+            Some("restricted"),
+            "{label} on openflux-system: {labels:?}"
+        );
+    }
     custom_source_flows(&env, "release-helm").await;
-    tokio::task::block_in_place(|| uninstall(&env, bundle, true, UNINSTALL_HELM));
+    tokio::task::block_in_place(|| uninstall(&env, bundle, "Helm"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_by_flux_from_the_signed_manifests_then_uninstalled_to_nothing() {
     let env = support::cell(Cell::Nodes).await;
     let bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
+    tokio::task::block_in_place(|| verified(&env, bundle));
     tokio::task::block_in_place(|| from_nothing(&env, bundle));
     let objects = doc_block(bundle, "## Flux", "yaml")
         .replace("$REGISTRY", &bundle.registry)
@@ -250,17 +406,162 @@ async fn installed_by_flux_from_the_signed_manifests_then_uninstalled_to_nothing
     ready_with_inventory(&env, "openflux").await;
     ready_with_inventory(&env, "openflux-http-source").await;
     custom_source_flows(&env, "release-flux").await;
-    tokio::task::block_in_place(|| {
-        uninstall(
-            &env,
-            bundle,
-            false,
-            "kubectl -n flux-system delete kustomizations.kustomize.toolkit.fluxcd.io openflux-http-source --wait=true --timeout=180s\n\
-             kubectl -n flux-system delete kustomizations.kustomize.toolkit.fluxcd.io openflux --wait=true --timeout=180s\n\
-             kubectl -n flux-system delete ocirepositories.source.toolkit.fluxcd.io openflux\n\
-             kubectl -n flux-system delete secret openflux-cosign-pub\n",
-        )
+    tokio::task::block_in_place(|| uninstall(&env, bundle, "Flux"));
+}
+
+/// The release's verification refuses what was changed after it was
+/// signed: docs/install.md's block, run on copies of the bundle's files
+/// (the tests' key as cosign.pub), passes as released and fails when
+/// SHA256SUMS was changed (even to match a changed install.yaml), when
+/// install.yaml was changed under an intact SHA256SUMS, when SHA256SUMS.sig
+/// is another key's signature, and when cosign.pub is the project's key,
+/// which did not sign this test build; the registry's block fails with
+/// another key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_changed_after_it_was_signed_fails_its_verification() {
+    let env = support::cell(Cell::Nodes).await;
+    let bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
+    tests_key(bundle);
+    let files = doc_block(bundle, VERIFY_FILES, "sh");
+    let chart = format!("openflux-{}.tgz", bundle.version);
+    let copied = [
+        "install.yaml",
+        chart.as_str(),
+        "SHA256SUMS",
+        "SHA256SUMS.sig",
+        "cosign.pub",
+    ];
+    // A fresh copy of the files a user downloads, changed by `change`;
+    // the block's result there.
+    let verify_copy = |what: &str, change: &dyn Fn(&Path)| -> Output {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        for name in copied {
+            std::fs::copy(bundle.dir.join(name), dir.path().join(name))
+                .unwrap_or_else(|e| panic!("copying {name}: {e}"));
+        }
+        change(dir.path());
+        let out = tokio::task::block_in_place(|| bash_in(&env, bundle, dir.path(), &files));
+        println!(
+            "{what}: {} ({})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| !l.starts_with("WARNING"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        out
+    };
+    let refused = |what: &str, out: &Output, said: &str| {
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "{what}: the verification passed:\n{text}"
+        );
+        assert!(
+            text.contains(said),
+            "{what}: refused, but not for {said:?}:\n{text}"
+        );
+    };
+    let out = verify_copy("as released", &|_| {});
+    assert!(
+        out.status.success(),
+        "the released files fail their verification:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // install.yaml changed, and SHA256SUMS changed to match it: only the
+    // signature can tell.
+    let changed_sums = |dir: &Path| {
+        let install = dir.join("install.yaml");
+        let mut text = std::fs::read_to_string(&install).expect("install.yaml");
+        text.push_str(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: planted, namespace: default}\n",
+        );
+        std::fs::write(&install, &text).expect("writing install.yaml");
+        let sum = hex::encode(sha2::Sha256::digest(text.as_bytes()));
+        let sums = dir.join("SHA256SUMS");
+        let lines: String = std::fs::read_to_string(&sums)
+            .expect("SHA256SUMS")
+            .lines()
+            .map(|l| match l.split_once("  ") {
+                Some((_, "install.yaml")) => format!("{sum}  install.yaml\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&sums, lines).expect("writing SHA256SUMS");
+    };
+    let out = verify_copy(
+        "SHA256SUMS changed to match a changed install.yaml",
+        &changed_sums,
+    );
+    refused("SHA256SUMS changed", &out, "invalid signature");
+
+    // install.yaml changed, SHA256SUMS as signed.
+    let out = verify_copy("install.yaml changed", &|dir| {
+        let install = dir.join("install.yaml");
+        let text = std::fs::read_to_string(&install).expect("install.yaml");
+        std::fs::write(&install, text.replacen("replicas: 2", "replicas: 1", 1))
+            .expect("writing install.yaml");
     });
+    refused("install.yaml changed", &out, "install.yaml: FAILED");
+
+    // SHA256SUMS signed by another key.
+    let out = verify_copy("SHA256SUMS.sig made with another key", &|dir| {
+        let keys = tempfile::tempdir().expect("a temp dir");
+        let status = Command::new(cosign())
+            .arg("generate-key-pair")
+            .current_dir(keys.path())
+            .env("COSIGN_PASSWORD", "")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("cosign generate-key-pair");
+        assert!(status.success(), "cosign generate-key-pair: {status}");
+        let status = Command::new(cosign())
+            .args(["sign-blob", "--yes", "--tlog-upload=false", "--key"])
+            .arg(keys.path().join("cosign.key"))
+            .arg("--output-signature")
+            .arg(dir.join("SHA256SUMS.sig"))
+            .arg(dir.join("SHA256SUMS"))
+            .env("COSIGN_PASSWORD", "")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("cosign sign-blob");
+        assert!(status.success(), "cosign sign-blob: {status}");
+    });
+    refused("another key's signature", &out, "invalid signature");
+
+    // The project's key: it did not sign this test build.
+    let project = support::workspace_root().join("cosign.pub");
+    let out = verify_copy("verified with the project's cosign.pub", &|dir| {
+        std::fs::copy(&project, dir.join("cosign.pub")).expect("copying cosign.pub");
+    });
+    refused(
+        "the project's key on a test build",
+        &out,
+        "invalid signature",
+    );
+
+    // The artifacts in the registry, checked with a key that did not sign
+    // them.
+    let artifacts = with_plain_http_cosign(&doc_block(bundle, VERIFY_ARTIFACTS, "sh"));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    std::fs::copy(&project, dir.path().join("cosign.pub")).expect("copying cosign.pub");
+    let out = tokio::task::block_in_place(|| bash_in(&env, bundle, dir.path(), &artifacts));
+    assert!(
+        !out.status.success(),
+        "the registry's artifacts verify with a key that did not sign them:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The message of `object`'s condition `kind` when its status is `status`.

@@ -7,14 +7,20 @@
 //! bundle applied over it as this docs/install.md's "Upgrade" says, while
 //! admissions keep coming. Counted from the client side: no failed
 //! admission, no consumer left on a missing export, Artifacts and exports
-//! unchanged; then the path's uninstall leaves nothing of openflux.
+//! unchanged; then the path's uninstall leaves nothing of openflux. The
+//! version moves: before the upgrade every openflux Pod's `openflux
+//! --version` names the previous release's version and commit and the
+//! Deployment carries the version label (`app.kubernetes.io/version`) its
+//! install.yaml gave it; after it, this release's version and commit, and
+//! this release's version as the label.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::ResourceExt;
 use openflux_testkit as support;
 use serde_json::{json, Value};
@@ -125,11 +131,11 @@ impl Path {
     }
 
     fn uninstall(self, env: &Env, current: &Bundle) {
-        let remove = match self {
-            Path::Kubectl => release::UNINSTALL_KUBECTL,
-            Path::Helm => release::UNINSTALL_HELM,
+        let path = match self {
+            Path::Kubectl => "kubectl",
+            Path::Helm => "Helm",
         };
-        release::uninstall(env, current, true, remove);
+        release::uninstall(env, current, path);
     }
 }
 
@@ -144,6 +150,57 @@ fn image_of(bundle: &Bundle) -> String {
         .find(|image| image.starts_with(&wanted))
         .unwrap_or_else(|| panic!("{} runs no {wanted}...", path.display()))
         .to_string()
+}
+
+/// The label `app.kubernetes.io/version` that `bundle`'s install.yaml
+/// gives openflux's Deployment (releases before 0.2.0 gave none).
+fn version_label_of(bundle: &Bundle) -> Option<String> {
+    let path = bundle.dir.join("install.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let deployment = serde_yaml_ng::Deserializer::from_str(&text)
+        .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
+        .find(|o: &Value| o["kind"] == "Deployment" && o["metadata"]["name"] == "openflux")
+        .unwrap_or_else(|| panic!("{} has no Deployment openflux", path.display()));
+    deployment["metadata"]["labels"][VERSION_LABEL]
+        .as_str()
+        .map(str::to_string)
+}
+
+const VERSION_LABEL: &str = "app.kubernetes.io/version";
+
+/// What the cluster says of the openflux it runs: the label
+/// `app.kubernetes.io/version` of its Deployment, and `openflux --version`
+/// as each of its live Pods answers it (`kubectl exec`), deduplicated.
+async fn running_version(env: &Env, bundle: &Bundle) -> (Option<String>, Vec<String>) {
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), "openflux-system");
+    let deployment = deployments
+        .get("openflux")
+        .await
+        .expect("openflux's Deployment");
+    let label = deployment.labels().get(VERSION_LABEL).cloned();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), "openflux-system");
+    let listed = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=openflux"))
+        .await
+        .expect("openflux's Pods");
+    let mut versions: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let script = format!(
+                "kubectl -n openflux-system exec {} -c openflux -- /openflux --version\n",
+                p.name_any()
+            );
+            let out = tokio::task::block_in_place(|| release::sh(env, bundle, &script));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        })
+        .collect();
+    assert!(!versions.is_empty(), "no live openflux Pod");
+    versions.sort();
+    versions.dedup();
+    (label, versions)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,10 +220,22 @@ async fn upgrade_by(path: Path) {
     let current_bundle = tokio::task::block_in_place(|| support::release::published_bundle(&env));
     let current = image_of(current_bundle);
     println!(
-        "previous release {} ({}), this release {current}",
+        "previous release {} {} ({}), this release {} ({current})",
+        previous.version,
         previous.tree.display(),
-        image_of(previous)
+        image_of(previous),
+        current_bundle.version
     );
+    assert_ne!(
+        previous.version, current_bundle.version,
+        "this release has the previous release's version: bump it (Cargo.toml, CHANGELOG.md)"
+    );
+    assert_eq!(
+        version_label_of(current_bundle).as_deref(),
+        Some(current_bundle.version.as_str()),
+        "this release's install.yaml labels openflux's Deployment with its version"
+    );
+    tokio::task::block_in_place(|| release::verified(&env, current_bundle));
     tokio::task::block_in_place(|| release::from_nothing(&env, current_bundle));
 
     // The previous release, as its docs said.
@@ -177,6 +246,21 @@ async fn upgrade_by(path: Path) {
         &["openflux", "openflux-http-source"],
     )
     .await;
+    let (label, versions) = running_version(&env, previous).await;
+    assert_eq!(
+        versions,
+        [format!(
+            "openflux {} (commit {})",
+            previous.version, previous.commit
+        )],
+        "before the upgrade openflux is the previous release"
+    );
+    assert_eq!(
+        label,
+        version_label_of(previous),
+        "before the upgrade the Deployment has the previous release's label"
+    );
+    println!("before the upgrade: {versions:?}, {VERSION_LABEL}={label:?}");
 
     // Live consumers of a producer's own kind.
     support::install_test_source_crd(&env, GROUP).await;
@@ -269,6 +353,21 @@ async fn upgrade_by(path: Path) {
     super::faults::settled(&env).await;
     let upgraded_in = started.elapsed();
     let tally = admissions.stop().await;
+    let (label, versions) = running_version(&env, current_bundle).await;
+    assert_eq!(
+        versions,
+        [format!(
+            "openflux {} (commit {})",
+            current_bundle.version, current_bundle.commit
+        )],
+        "after the upgrade openflux is this release"
+    );
+    assert_eq!(
+        label.as_deref(),
+        Some(current_bundle.version.as_str()),
+        "after the upgrade the Deployment has this release's label"
+    );
+    println!("after the upgrade: {versions:?}, {VERSION_LABEL}={label:?}");
 
     let after = snapshot(&env, &n).await;
     println!(
