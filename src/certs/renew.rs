@@ -22,12 +22,12 @@ use super::retire::{entries, retire_patch, Configuration, Retirement};
 use super::rotation::{decide, Step};
 use super::secret::{now, publish, SecretCerts, MANAGED_BY, REASON_FAILED, REASON_WRITTEN};
 use super::stored::Content;
+use crate::api::runtime::retry::Backoff;
 use crate::api::runtime::{EventRecorder, FluxEvent};
 use rustls::pki_types::CertificateDer;
 
 /// Longest the leader goes without looking at the Secret.
 const MAX_WAIT: Duration = Duration::from_secs(300);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Why a round of the leader's keeping failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,19 +89,20 @@ impl Keeper {
     async fn lead(&self, seen: &mut watch::Receiver<u64>) {
         let mut trusted: Option<(String, i64)> = None;
         let mut retirement = Retirement::default();
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::default();
         // The last failure published, so a failure that lasts is one Event.
         let mut reported: Option<String> = None;
         loop {
             let wait = match self.round(&mut trusted, &mut retirement).await {
                 Ok(until) => {
-                    backoff = Duration::from_secs(1);
+                    backoff.succeeded();
                     reported = None;
                     let secs = u64::try_from(until.saturating_sub(now())).unwrap_or(0);
                     Duration::from_secs(secs).min(MAX_WAIT)
                 }
                 Err(error) => {
-                    tracing::warn!(secret = %self.certs.name, %error, retry_in = ?backoff, "cannot keep the webhook certificate Secret");
+                    let wait = backoff.failed();
+                    tracing::warn!(secret = %self.certs.name, %error, retry_in = ?wait, "cannot keep the webhook certificate Secret");
                     let message = format!(
                         "cannot keep the webhook certificate Secret {}/{}: {error}",
                         self.certs.namespace, self.certs.name
@@ -115,8 +116,6 @@ impl Keeper {
                         .await;
                         reported = Some(message);
                     }
-                    let wait = backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                     wait
                 }
             };

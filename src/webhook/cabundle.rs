@@ -9,8 +9,6 @@
 //! bundle wiped by a re-applied manifest is written again; failures are
 //! retried with backoff and never stop the webhook.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, TestOperation};
@@ -18,12 +16,12 @@ use kube::api::{Api, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
+use crate::api::runtime::retry::Backoff;
 use crate::certs::{parse_certs, pem_of};
 use crate::watch::retry::retrying;
 
 /// Most certificates openflux leaves in a bundle.
 pub const MAX_BUNDLE_CERTS: usize = 4;
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The bundle to write when `current` lacks a certificate of `ours`: ours
 /// first, then the certificates of `current` that are not ours. `None` when
@@ -108,7 +106,7 @@ pub async fn keep_injected<C: Configuration>(
     tokio::pin!(events);
     let mut bundle = ours.borrow_and_update().clone();
     let mut dirty = true;
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::default();
     let mut retry_at = tokio::time::Instant::now();
     loop {
         if dirty && tokio::time::Instant::now() >= retry_at {
@@ -118,12 +116,12 @@ pub async fn keep_injected<C: Configuration>(
                         tracing::info!(configuration = %name, "wrote the webhook CA bundle");
                     }
                     dirty = false;
-                    backoff = Duration::from_secs(1);
+                    backoff.succeeded();
                 }
                 Err(error) => {
-                    tracing::warn!(configuration = %name, %error, retry_in = ?backoff, "cannot write the webhook CA bundle");
-                    retry_at = tokio::time::Instant::now() + backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    let wait = backoff.failed();
+                    tracing::warn!(configuration = %name, %error, retry_in = ?wait, "cannot write the webhook CA bundle");
+                    retry_at = tokio::time::Instant::now() + wait;
                 }
             }
         }
@@ -152,7 +150,7 @@ pub async fn keep_injected<C: Configuration>(
                 }
                 None => {
                     // The watcher does not end; if it did, fall back to retries.
-                    tokio::time::sleep(MAX_BACKOFF).await;
+                    tokio::time::sleep(backoff.max()).await;
                 }
             },
             () = tokio::time::sleep_until(retry_at), if dirty => {}

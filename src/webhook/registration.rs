@@ -17,7 +17,6 @@
 //! written: a configuration owned by nothing would outlive openflux.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -32,10 +31,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::configuration::{self, Target, Write};
+use crate::api::runtime::retry::Backoff;
 use crate::api::runtime::{EventRecorder, FluxEvent};
 use crate::watch::retry::retrying;
 
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const REASON_FAILED: &str = "ValidatingWebhookFailed";
 const REASON_PUBLISHED: &str = "ValidatingWebhookPublished";
 
@@ -116,7 +115,7 @@ impl Registrar {
         tokio::pin!(slice_events, config_events);
         let mut synced = false;
         let mut dirty = true;
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::default();
         let mut retry_at = tokio::time::Instant::now();
         let mut reported: Option<String> = None;
         loop {
@@ -137,7 +136,7 @@ impl Registrar {
                                 .await;
                         }
                         dirty = false;
-                        backoff = Duration::from_secs(1);
+                        backoff.succeeded();
                         reported = None;
                     }
                     Err(error) => {
@@ -145,14 +144,14 @@ impl Registrar {
                             "cannot publish the ValidatingWebhookConfiguration {}: {error}",
                             p.configuration
                         );
-                        tracing::warn!(retry_in = ?backoff, "{message}");
+                        let wait = backoff.failed();
+                        tracing::warn!(retry_in = ?wait, "{message}");
                         if reported.as_ref() != Some(&message) {
                             self.event(FluxEvent::warning(REASON_FAILED, message.clone()))
                                 .await;
                             reported = Some(message);
                         }
-                        retry_at = tokio::time::Instant::now() + backoff;
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        retry_at = tokio::time::Instant::now() + wait;
                     }
                 }
             }

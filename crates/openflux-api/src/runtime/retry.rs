@@ -88,9 +88,64 @@ impl<K: Eq + Hash> Retries<K> {
     }
 }
 
+/// The backoff of one loop that keeps one thing up to date (a Secret, a
+/// webhook configuration): the wait after each failure in a row doubles
+/// from [`Backoff::LOOP`]'s minimum (1 s) to its maximum (60 s), and starts
+/// over after a success. The same rule as [`Retries`], for one key.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    args: RetryArgs,
+    failures: u32,
+}
+
+impl Backoff {
+    /// The delays of a loop: from 1 s to 60 s.
+    pub const LOOP: RetryArgs = RetryArgs {
+        min_retry_delay: Duration::from_secs(1),
+        max_retry_delay: Duration::from_secs(60),
+    };
+
+    pub fn new(args: RetryArgs) -> Self {
+        Backoff { args, failures: 0 }
+    }
+
+    /// Records one more failure: the wait before the next try.
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.args.delay(self.failures)
+    }
+
+    /// A success: the next failure starts over.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+
+    /// The longest wait.
+    pub fn max(&self) -> Duration {
+        self.args.max_retry_delay
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new(Backoff::LOOP)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loops_backoff_doubles_to_a_minute_and_starts_over_after_a_success() {
+        let mut backoff = Backoff::default();
+        let secs = |d: Duration| d.as_secs();
+        let waits: Vec<u64> = (0..8).map(|_| secs(backoff.failed())).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+        backoff.succeeded();
+        assert_eq!(secs(backoff.failed()), 1);
+        assert_eq!(backoff.max(), Duration::from_secs(60));
+    }
 
     #[test]
     fn delays_double_from_the_minimum_to_the_maximum() {
