@@ -119,6 +119,15 @@ async fn editor(env: &Env, ns: &str) -> kube::Client {
     ] {
         env.apply(&obj).await.expect("the editor's RBAC");
     }
+    support::identity::wait_allowed(
+        env,
+        ns,
+        "editor",
+        "create",
+        "source.toolkit.fluxcd.io",
+        "externalartifacts",
+    )
+    .await;
     acting_as(env, ns, "editor")
 }
 

@@ -528,6 +528,8 @@ async fn a_tenants_odd_artifacts_keep_no_replica_from_starting() {
     ] {
         env.apply(&obj).await.expect("the tenant's RBAC");
     }
+    support::identity::wait_allowed(&env, &n, "tenant", "create", "openflux.dev", "artifacts")
+        .await;
     let tenant = support::identity::acting_as(&env, &n, "tenant");
     let artifacts: Api<DynamicObject> =
         support::dynamic_api(&tenant, ARTIFACT, "Artifact", Some(&n))

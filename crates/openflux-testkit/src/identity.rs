@@ -138,6 +138,42 @@ pub fn acting_as(env: &Env, ns: &str, name: &str) -> kube::Client {
     kube::Client::try_from(config).expect("an impersonating client")
 }
 
+/// Waits until the API server's authorizer lets ServiceAccount `name` of
+/// `ns` `verb` the `resource` of `group` in `ns`: a Role or RoleBinding
+/// just written reaches the authorizer a moment later, and a request
+/// sent before then is refused.
+pub async fn wait_allowed(
+    env: &Env,
+    ns: &str,
+    name: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{ns}:{name}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"),
+                       "system:authenticated"],
+            "resourceAttributes": {"namespace": ns, "verb": verb, "group": group,
+                                   "resource": resource},
+        },
+    }))
+    .expect("a SubjectAccessReview");
+    let reviews: kube::Api<SubjectAccessReview> = kube::Api::all(env.client.clone());
+    crate::wait_for(
+        &format!("{ns}/{name} allowed to {verb} {resource}.{group}"),
+        crate::TIMEOUT,
+        || async {
+            let answered = reviews.create(&Default::default(), &review).await.ok()?;
+            answered.status.filter(|s| s.allowed).map(|_| ())
+        },
+    )
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
