@@ -144,10 +144,13 @@ async fn respond(state: &AppState, request: Request, answering: Answering) -> Re
         Ok(Err(refused)) => Err(refused),
         Err(_) => Err(Refused::TimedOut),
     };
-    // Whatever the answer, what is still arriving of the body is read and
-    // dropped first (bounded), so the client reads the answer rather than
-    // a reset in the middle of its body. A body read whole ends at once.
-    discard(&mut body).await;
+    // Refused before its body was read whole: what is still arriving is
+    // read and dropped first (bounded), so the client reads the answer
+    // rather than a reset in the middle of its body. A decided request's
+    // body was read to its end.
+    if answer.is_err() {
+        discard(&mut body).await;
+    }
     let (answer, response) = match answer {
         Ok(mut answer) => {
             super::metrics::note(&state.logs, &answer);
