@@ -17,6 +17,47 @@
 
 # ----------------------------------------------------------- flux lines ----
 
+# select_kubernetes [LINE]: sets KUBE_LINE, KUBE_WRAPPER and KUBE_VERSION,
+# the control plane's Kubernetes release: the pinned KUBERNETES_VERSION
+# (wrapper kubernetes) when LINE is empty, else KUBERNETES_<LINE>_VERSION
+# (wrapper kubernetes-<LINE>, a control-plane cell's: its kube-apiserver and
+# kube-controller-manager).
+select_kubernetes() {
+  KUBE_LINE=${1:-}
+  case $KUBE_LINE in
+    newest) KUBE_LINE=$KUBERNETES_NEWEST_LINE ;;
+    oldest) KUBE_LINE=$KUBERNETES_OLDEST_LINE ;;
+  esac
+  if [ -z "$KUBE_LINE" ]; then
+    KUBE_WRAPPER=kubernetes
+    KUBE_VERSION=$KUBERNETES_VERSION
+    return 0
+  fi
+  case $KUBE_LINE in
+    "$KUBERNETES_NEWEST_LINE" | "$KUBERNETES_OLDEST_LINE") ;;
+    *) die "unknown Kubernetes line '$KUBE_LINE' (OPENFLUX_E2E_KUBERNETES_LINE): known are" \
+      "$KUBERNETES_NEWEST_LINE and $KUBERNETES_OLDEST_LINE (e2e/versions.env), or empty for $KUBERNETES_VERSION" ;;
+  esac
+  KUBE_WRAPPER=kubernetes-$KUBE_LINE
+  KUBE_VERSION=$(kube_version "$KUBE_WRAPPER")
+}
+
+# kube_version WRAPPER: the k8s.io/kubernetes release a Kubernetes wrapper
+# pins, as e2e/versions.env says.
+kube_version() {
+  local var
+  case $1 in
+    kubernetes | kubernetes-node) echo "$KUBERNETES_VERSION" ;;
+    kubernetes-*)
+      var=KUBERNETES_${1#kubernetes-}_VERSION
+      var=${var//./_}
+      [ -n "${!var:-}" ] || die "e2e/versions.env has no $var for the wrapper e2e/go/$1"
+      echo "${!var}"
+      ;;
+    *) die "kube_version: $1 is no Kubernetes wrapper" ;;
+  esac
+}
+
 # select_line LINE: sets FLUX_LINE and FLUX (the line's Flux binaries), one
 # entry each: binary|wrapper dir under e2e/go|module|version|main package
 # inside the module|kind (controller: started by `up`, its config/crd/bases
@@ -50,8 +91,10 @@ select_line() {
   local entry name wrapper mod _v main kind
   # name|wrapper|package to build
   BINARIES=(
-    "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver"
-    "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager"
+    "kube-apiserver|$KUBE_WRAPPER|k8s.io/kubernetes/cmd/kube-apiserver"
+    "kube-controller-manager|$KUBE_WRAPPER|k8s.io/kubernetes/cmd/kube-controller-manager"
+    # The client stays the pinned release's on every line: the scripts and
+    # tests use its flags (`apply --subresource` is newer than 1.30).
     "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl"
     "etcd|etcd|."
     "fixtures|fixtures|."
@@ -83,7 +126,7 @@ select_line() {
     hash_wrapper "$wrapper"
     keys+=("$name=${WRAPPER_KEYS[$wrapper]}")
   done
-  SET_DIR=$CACHE_ROOT/sets/flux-$FLUX_LINE-$(printf '%s\n' "${keys[@]}" | sha256sum | cut -c1-12)
+  SET_DIR=$CACHE_ROOT/sets/flux-$FLUX_LINE${KUBE_LINE:+-kubernetes-$KUBE_LINE}-$(printf '%s\n' "${keys[@]}" | sha256sum | cut -c1-12)
   BIN_DIR=$SET_DIR/bin
   CRD_DIR=$SET_DIR/crds
 }
@@ -101,7 +144,7 @@ line_has() {
 # build_binary). Part of the cache key: change it when the recipe changes.
 build_recipe() {
   case $1 in
-    kubernetes | kubernetes-node) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
+    kubernetes | kubernetes-*) echo "go1.26+ cgo-off trimpath ldflags-v2 kube-version-stamp" ;;
     flux-cli) echo "go1.26+ cgo-off trimpath ldflags-v2 flux-version-stamp placeholder-manifests-v2" ;;
     spire) echo "go1.26+ cgo-on trimpath ldflags-v2" ;;
     helm | cosign) echo "go1.26+ cgo-off trimpath ldflags-v2 version-stamp" ;;
@@ -161,9 +204,9 @@ require_version() {
 
 check_versions() {
   local entry wrapper mod ver
-  require_version kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
-  grep -Eq "^replace k8s\.io/api => k8s\.io/api v0\.${KUBERNETES_VERSION#v1.}$" "$E2E_DIR/go/kubernetes/go.mod" ||
-    die "e2e/go/kubernetes/go.mod does not pin the staging modules to v0.${KUBERNETES_VERSION#v1.}; run e2e/go/sync kubernetes"
+  require_version "$KUBE_WRAPPER" k8s.io/kubernetes "$KUBE_VERSION"
+  grep -Eq "^replace k8s\.io/api => k8s\.io/api v0\.${KUBE_VERSION#v1.}$" "$E2E_DIR/go/$KUBE_WRAPPER/go.mod" ||
+    die "e2e/go/$KUBE_WRAPPER/go.mod does not pin the staging modules to v0.${KUBE_VERSION#v1.}; run e2e/go/sync $KUBE_WRAPPER"
   require_version etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
   for entry in "${FLUX[@]}"; do
     IFS='|' read -r _ wrapper mod ver _ <<<"$entry"
@@ -174,7 +217,8 @@ check_versions() {
 # Version stamp of the Kubernetes binaries, the way the upstream release build
 # does it (hack/lib/version.sh), so `kubectl version` reports the real version.
 kube_ldflags() {
-  local v=$KUBERNETES_VERSION w=${1:-kubernetes} major minor date commit flags="-s -w"
+  local w=${1:-kubernetes} v major minor date commit flags="-s -w"
+  v=$(kube_version "$w")
   major=${v#v}; major=${major%%.*}
   minor=${v#v*.}; minor=${minor%%.*}
   # Release time and content hash of the module as the proxy recorded them:
@@ -247,7 +291,7 @@ build_binary() {
   fi
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   case $w in
-    kubernetes | kubernetes-node) ldflags=$(kube_ldflags "$w") ;;
+    kubernetes | kubernetes-*) ldflags=$(kube_ldflags "$w") ;;
     # SPIRE's sqlite3 datastore (github.com/mattn/go-sqlite3) is cgo.
     spire) cgo=1 ;;
     # The release's tools report the version they were built from.

@@ -23,18 +23,22 @@
 #
 # Expects E2E_DIR, say and die.
 
-# name|line|feature gates|kind. The position in this list places the port
+# name|line|feature gates|kind|Kubernetes line. The position in this list places the port
 # block: append new cells at the end. Kind `nodes`: the control plane with
 # real nodes, where Flux and openflux run as Pods (e2e/lib/nodes.sh). Kind
 # `lockdown`: the Flux controllers run with the flags of Flux's
 # multi-tenancy lockdown (OPENFLUX_E2E_LOCKDOWN in e2e/cluster), so
 # kustomize-controller impersonates each namespace's ServiceAccount
-# `default`.
+# `default`. Kubernetes line: empty for KUBERNETES_VERSION, `newest` or
+# `oldest` for the lines e2e/versions.env names (OPENFLUX_E2E_KUBERNETES_LINE
+# in e2e/cluster).
 CELLS=(
   "current-external-artifact|current|ExternalArtifact=true"
   "flux27-default|2.7|"
   "nodes|current||nodes"
   "lockdown|current||lockdown"
+  "kubernetes-newest|current|||newest"
+  "kubernetes-oldest|current|||oldest"
 )
 
 CELL_PORT_BASE=${OPENFLUX_E2E_CELL_PORT_BASE:-18000}
@@ -50,7 +54,7 @@ cell() {
   local i entry name
   for i in "${!CELLS[@]}"; do
     entry=${CELLS[i]}
-    IFS='|' read -r name CELL_LINE CELL_GATES CELL_KIND <<<"$entry"
+    IFS='|' read -r name CELL_LINE CELL_GATES CELL_KIND CELL_KUBERNETES <<<"$entry"
     if [ "$name" = "$1" ]; then
       CELL_BASE=$((CELL_PORT_BASE + 1000 * i))
       CELL_STATE=$CELLS_TMP/openflux-e2e-cell-$name-$CELL_BASE
@@ -78,7 +82,7 @@ cell_run() {
     OPENFLUX_E2E_NODES="$nodes" OPENFLUX_E2E_NODES_PORT_BASE="$CELL_BASE" \
     OPENFLUX_E2E_LOCKDOWN="$lockdown" \
     OPENFLUX_E2E_STATE="$CELL_STATE" \
-    OPENFLUX_E2E_FLUX_LINE="$CELL_LINE" \
+    OPENFLUX_E2E_FLUX_LINE="$CELL_LINE" OPENFLUX_E2E_KUBERNETES_LINE="$CELL_KUBERNETES" \
     OPENFLUX_E2E_FEATURE_GATES="$CELL_GATES" \
     OPENFLUX_E2E_ETCD_PORT=$((CELL_BASE + 379)) OPENFLUX_E2E_ETCD_PEER_PORT=$((CELL_BASE + 380)) \
     OPENFLUX_E2E_APISERVER_PORT=$((CELL_BASE + 443)) OPENFLUX_E2E_KCM_PORT=$((CELL_BASE + 257)) \
@@ -100,18 +104,18 @@ cell_up() {
       cell_run "$1" down
     fi
   fi
-  say "cell $1: Flux line $CELL_LINE, feature gates '${CELL_GATES}', ports $CELL_BASE-$((CELL_BASE + 999)), state $CELL_STATE"
+  say "cell $1: Kubernetes ${CELL_KUBERNETES:-as pinned}, Flux line $CELL_LINE, feature gates '${CELL_GATES}', ports $CELL_BASE-$((CELL_BASE + 999)), state $CELL_STATE"
   cell_run "$1" up
 }
 
 cells_list() {
   local entry name running
-  printf '%-28s %-8s %-24s %-12s %-8s %s\n' CELL LINE GATES PORTS RUNNING STATE
+  printf '%-28s %-10s %-8s %-24s %-12s %-8s %s\n' CELL KUBERNETES LINE GATES PORTS RUNNING STATE
   for entry in "${CELLS[@]}"; do
     name=${entry%%|*}
     cell "$name"
     if cell_run "$name" status >/dev/null 2>&1; then running=yes; else running=no; fi
-    printf '%-28s %-8s %-24s %-12s %-8s %s\n' "$name" "$CELL_LINE" "${CELL_GATES:-(none)}" \
+    printf '%-28s %-10s %-8s %-24s %-12s %-8s %s\n' "$name" "${CELL_KUBERNETES:-pinned}" "$CELL_LINE" "${CELL_GATES:-(none)}" \
       "$CELL_BASE-$((CELL_BASE + 999))" "$running" "$CELL_STATE"
   done
 }

@@ -132,8 +132,11 @@ deployment_status() {
     items+=" $available, $(condition Progressing True "$reason" "$message")]}}"
     sep=,
   done
+  # Only the status subresource is applied: the client's schema check would
+  # ask for the whole object (Kubernetes 1.37 marks a Deployment's spec
+  # required); the API server checks what it is sent.
   printf '{"apiVersion": "v1", "kind": "List", "items": [%s]}\n' "$items" |
-    kubectl_ apply --server-side --force-conflicts --subresource=status \
+    kubectl_ apply --server-side --force-conflicts --subresource=status --validate=false \
       --field-manager="$DEPLOYMENTS_FIELD_MANAGER" -f - >>"$STATE/logs/deployments.log" 2>&1
 }
 

@@ -10,7 +10,7 @@ use kube::api::{Api, DynamicObject};
 use kube::ResourceExt;
 use serde_json::json;
 use support::openflux::{publish, Openflux};
-use support::{cluster, field, ready_condition, unique_name, wait_for, Env, TIMEOUT};
+use support::{cluster, field, ready_condition, unique_name, wait_for, Cell, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -83,7 +83,13 @@ async fn git_writes(of: &Openflux, least: f64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_repository_is_mirrored_updated_and_collected() {
-    let env = cluster().await;
+    git_repository_is_mirrored_updated_and_collected_on(Cell::Main).await;
+}
+
+/// [`git_repository_is_mirrored_updated_and_collected`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn git_repository_is_mirrored_updated_and_collected_on(cell: Cell) {
+    let env = support::cell(cell).await;
     let fx = env.fixtures();
     install_crds(&env).await;
     let ns = env.namespace("mirror-git").await;
@@ -234,7 +240,15 @@ async fn helm_repository_and_chart_are_mirrored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller() {
-    let env = cluster().await;
+    custom_source_is_exported_and_deployed_by_stock_kustomize_controller_on(Cell::Main).await;
+}
+
+/// [`custom_source_is_exported_and_deployed_by_stock_kustomize_controller`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn custom_source_is_exported_and_deployed_by_stock_kustomize_controller_on(
+    cell: Cell,
+) {
+    let env = support::cell(cell).await;
     let fx = env.fixtures();
     install_crds(&env).await;
     let ns = env.namespace("export").await;

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use support::exports::wait_export;
 use support::identity::acting_as;
 use support::openflux::{publish, Openflux};
-use support::{cluster, wait_for, Env, TIMEOUT};
+use support::{cluster, wait_for, Cell, Env, TIMEOUT};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -162,7 +162,13 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>
 /// openflux keeps the export as it was. Both export kinds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_openflux_creates_changes_or_deletes_an_export() {
-    let env = cluster().await;
+    only_openflux_creates_changes_or_deletes_an_export_on(Cell::Main).await;
+}
+
+/// [`only_openflux_creates_changes_or_deletes_an_export`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn only_openflux_creates_changes_or_deletes_an_export_on(cell: Cell) {
+    let env = support::cell(cell).await;
     install(&env).await;
     for (mode, kind) in [
         ("external-artifact", "ExternalArtifact"),
@@ -655,7 +661,13 @@ async fn recorder() -> Recorder {
 /// apiVersion: absent, empty or Flux's) and every custom one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_match_conditions_send_openflux_what_the_table_says() {
-    let env = cluster().await;
+    the_match_conditions_send_openflux_what_the_table_says_on(Cell::Main).await;
+}
+
+/// [`the_match_conditions_send_openflux_what_the_table_says`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn the_match_conditions_send_openflux_what_the_table_says_on(cell: Cell) {
+    let env = support::cell(cell).await;
     let stacks = support::workspace_root().join("e2e/crds/pulumi-stack.yaml");
     env.apply_yaml(&std::fs::read_to_string(&stacks).expect("the Stack CRD"))
         .await

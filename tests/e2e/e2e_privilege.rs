@@ -30,7 +30,7 @@ use kube::{Api, Resource, ResourceExt};
 use openflux::webhook::configuration::{self, Target, Write};
 use serde_json::{json, Value};
 use support::identity::openflux_client;
-use support::{cluster, wait_for, Env, TIMEOUT};
+use support::{cluster, wait_for, Cell, Env, TIMEOUT};
 
 /// The policies under test, applied by each test as shipped (a control
 /// plane started before they existed gets them too).
@@ -230,7 +230,13 @@ where
 /// refused with a message naming what changed, and the object keeps them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_changes_only_the_source_reference_of_a_consumer() {
-    let env = cluster().await;
+    openflux_changes_only_the_source_reference_of_a_consumer_on(Cell::Main).await;
+}
+
+/// [`openflux_changes_only_the_source_reference_of_a_consumer`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn openflux_changes_only_the_source_reference_of_a_consumer_on(cell: Cell) {
+    let env = support::cell(cell).await;
     install(&env).await;
     let ns = env.namespace("privilege-consumers").await;
     let n = ns.name().to_string();
@@ -564,7 +570,13 @@ async fn openflux_writes_only_the_objects_it_manages() {
 /// its Role covers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_writes_no_secret_but_its_certificates() {
-    let env = cluster().await;
+    openflux_writes_no_secret_but_its_certificates_on(Cell::Main).await;
+}
+
+/// [`openflux_writes_no_secret_but_its_certificates`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn openflux_writes_no_secret_but_its_certificates_on(cell: Cell) {
+    let env = support::cell(cell).await;
     install(&env).await;
     let ns = env.namespace("privilege-secrets").await;
     let n = ns.name().to_string();
@@ -998,7 +1010,15 @@ async fn published_validating_webhook(env: &Env) -> ValidatingWebhookConfigurati
 /// match no object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openflux_changes_only_the_ca_bundles_of_its_webhook_configurations() {
-    let env = cluster().await;
+    openflux_changes_only_the_ca_bundles_of_its_webhook_configurations_on(Cell::Main).await;
+}
+
+/// [`openflux_changes_only_the_ca_bundles_of_its_webhook_configurations`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn openflux_changes_only_the_ca_bundles_of_its_webhook_configurations_on(
+    cell: Cell,
+) {
+    let env = support::cell(cell).await;
     install(&env).await;
     let openflux = openflux_client(&env).await;
     let dry = PatchParams {

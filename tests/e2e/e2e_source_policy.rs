@@ -15,7 +15,7 @@ use openflux_testkit as support;
 
 use kube::api::{DynamicObject, PostParams};
 use serde_json::{json, Value};
-use support::{cluster, wait_for, Env, TIMEOUT};
+use support::{cluster, wait_for, Cell, Env, TIMEOUT};
 
 const HTTP_SOURCE_CRD: &str = include_str!("../../manifests/http-source/crd.yaml");
 const HTTP_GROUP: &str = "sources.openflux.dev";
@@ -182,7 +182,15 @@ async fn cover(env: &Env, name: &str, namespaces: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_use_only_the_source_kinds_their_policies_allow_however_they_refer() {
-    let env = cluster().await;
+    tenants_use_only_the_source_kinds_their_policies_allow_however_they_refer_on(Cell::Main).await;
+}
+
+/// [`tenants_use_only_the_source_kinds_their_policies_allow_however_they_refer`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn tenants_use_only_the_source_kinds_their_policies_allow_however_they_refer_on(
+    cell: Cell,
+) {
+    let env = support::cell(cell).await;
     support::install_artifact_crd(&env).await;
     env.apply_yaml(HTTP_SOURCE_CRD)
         .await

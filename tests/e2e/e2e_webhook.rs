@@ -10,7 +10,9 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 use support::openflux::{publish, Openflux};
 use support::webhook::Webhook;
-use support::{cluster, field, ready_condition, wait_for, Env, Fixtures, TestNamespace, TIMEOUT};
+use support::{
+    cluster, field, ready_condition, wait_for, Cell, Env, Fixtures, TestNamespace, TIMEOUT,
+};
 
 const ARTIFACT: &str = "openflux.dev/v1alpha1";
 const SOURCE: &str = "source.toolkit.fluxcd.io/v1";
@@ -208,7 +210,15 @@ async fn stock_references_are_untouched_with_openflux_running_or_stopped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change() {
-    let env = cluster().await;
+    custom_reference_is_rewritten_deployed_and_reapplied_without_change_on(Cell::Main).await;
+}
+
+/// [`custom_reference_is_rewritten_deployed_and_reapplied_without_change`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn custom_reference_is_rewritten_deployed_and_reapplied_without_change_on(
+    cell: Cell,
+) {
+    let env = support::cell(cell).await;
     let fx = env.fixtures();
     let (ns, n, of, _webhook) = set_up(&env, "wh-rewrite", &[]).await;
     publish_source(
@@ -371,7 +381,13 @@ async fn helm_release_chart_ref_to_a_custom_source_is_installed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denials_name_openflux_and_say_what_to_change() {
-    let env = cluster().await;
+    denials_name_openflux_and_say_what_to_change_on(Cell::Main).await;
+}
+
+/// [`denials_name_openflux_and_say_what_to_change`] on `cell`'s control plane (e2e_kubernetes runs it on
+/// every Kubernetes line).
+pub(crate) async fn denials_name_openflux_and_say_what_to_change_on(cell: Cell) {
+    let env = support::cell(cell).await;
     let (ns, n, _of, _webhook) = set_up(&env, "wh-deny", &["--no-cross-namespace-refs"]).await;
     // Nothing is downloaded here: the Artifacts only need to exist.
     let spec =

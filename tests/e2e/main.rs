@@ -35,4 +35,5 @@ mod e2e_roles;
 mod e2e_shards;
 mod e2e_source_policy;
 mod e2e_upstream;
+mod e2e_versions;
 mod e2e_webhook;

@@ -9,8 +9,9 @@
 //! full version (`kustomize-controller v1.9.5`, `Kubernetes v1.36.3`, `etcd |
 //! v3.6.16`); `Kubernetes 1.30` (no patch level) is a version range, not a
 //! mention. A pin of an older Flux line, `FLUX_2_7_SOURCE_CONTROLLER_VERSION`,
-//! pins `source-controller` too: a mention agrees when it names any pinned
-//! version of its component.
+//! pins `source-controller` too, and one of another Kubernetes line,
+//! `KUBERNETES_1_37_VERSION`, pins `kubernetes`: a mention agrees when it
+//! names any pinned version of its component.
 
 use openflux_testkit as support;
 
@@ -35,17 +36,15 @@ fn pins(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `SOURCE_CONTROLLER` for `FLUX_2_7_SOURCE_CONTROLLER`: the component of a
-/// pin of an older Flux line.
+/// `SOURCE_CONTROLLER` for `FLUX_2_7_SOURCE_CONTROLLER`, `KUBERNETES` for
+/// `KUBERNETES_1_37`: the component of a pin of another Flux or Kubernetes
+/// line.
 fn strip_line(component: &str) -> &str {
+    let number = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
     let parts: Vec<&str> = component.splitn(4, '_').collect();
     match parts.as_slice() {
-        ["FLUX", major, minor, rest]
-            if major.chars().all(|c| c.is_ascii_digit())
-                && minor.chars().all(|c| c.is_ascii_digit()) =>
-        {
-            rest
-        }
+        ["FLUX", major, minor, rest] if number(major) && number(minor) => rest,
+        [name, major, minor] if number(major) && number(minor) => name,
         _ => component,
     }
 }
@@ -187,7 +186,8 @@ fn docs_name_only_the_pinned_versions() {
 fn pins_and_mentions_are_found() {
     let pins = pins(
         "# a comment\nKUBERNETES_VERSION=v1.36.3\nKUSTOMIZE_CONTROLLER_VERSION=\"v1.9.5\"\n\
-         X_EXTRA_REPLACES=\"a=b@v1\"\n# OLD_VERSION=v0.0.1\nFLUX_2_7_KUSTOMIZE_CONTROLLER_VERSION=v1.7.3\n",
+         X_EXTRA_REPLACES=\"a=b@v1\"\n# OLD_VERSION=v0.0.1\nFLUX_2_7_KUSTOMIZE_CONTROLLER_VERSION=v1.7.3\n\
+         KUBERNETES_NEWEST_LINE=1.37\nKUBERNETES_1_37_VERSION=v1.37.2\n",
     );
     assert_eq!(
         pins,
@@ -195,18 +195,19 @@ fn pins_and_mentions_are_found() {
             ("kubernetes".to_string(), "v1.36.3".to_string()),
             ("kustomize-controller".to_string(), "v1.9.5".to_string()),
             ("kustomize-controller".to_string(), "v1.7.3".to_string()),
+            ("kubernetes".to_string(), "v1.37.2".to_string()),
         ]
     );
     let text = "Kubernetes v1.36.3, kustomize-controller v1.9.6 and\n\
                 | kustomize-controller | `v1.9.5` | kustomize-controller v1.7.3\n\
-                Kubernetes 1.30 or later; my-kustomize-controller v9.9.9; kustomize-controller v1.9\n\
+                Kubernetes v1.37.2; Kubernetes 1.30 or later; my-kustomize-controller v9.9.9; kustomize-controller v1.9\n\
                 KUBERNETES 1.35.0-rc.1.";
     let (wrong, _) = check("x.md", text, &pins, None);
     let agreed: Vec<usize> = pins
         .iter()
         .map(|pin| check("x.md", text, &pins, Some(pin)).1)
         .collect();
-    assert_eq!(agreed, [1, 1, 1], "{wrong:?}");
+    assert_eq!(agreed, [1, 1, 1, 1], "{wrong:?}");
     assert_eq!(wrong.len(), 2, "{wrong:?}");
     assert!(
         wrong[0].starts_with("x.md:1: names kustomize-controller v1.9.6"),

@@ -44,6 +44,14 @@ pub enum Cell {
     /// kustomize-controller also with `--no-remote-bases=true`; not part of
     /// [`Cell::ALL`]: its tests are about tenants, not about the matrix.
     Lockdown,
+    /// The current Flux line on the newest Kubernetes release the Go
+    /// module proxy serves (`KUBERNETES_NEWEST_LINE` in e2e/versions.env):
+    /// its kube-apiserver, kube-controller-manager and kubectl. Not part of
+    /// [`Cell::ALL`]: [`Cell::KUBERNETES`] lists the Kubernetes lines.
+    KubernetesNewest,
+    /// The current Flux line on the oldest Kubernetes line the README
+    /// supports (`KUBERNETES_OLDEST_LINE`).
+    KubernetesOldest,
 }
 
 impl Cell {
@@ -54,6 +62,10 @@ impl Cell {
         Cell::Flux27Default,
     ];
 
+    /// The control planes of every Kubernetes line the tests run: the
+    /// pinned one (the tests' own), the newest and the oldest.
+    pub const KUBERNETES: [Cell; 3] = [Cell::Main, Cell::KubernetesNewest, Cell::KubernetesOldest];
+
     /// The cell's name in `e2e/cluster cell NAME ...` (`main` for the
     /// tests' own control plane, which is not a cell there).
     pub fn name(self) -> &'static str {
@@ -63,6 +75,8 @@ impl Cell {
             Cell::Flux27Default => "flux27-default",
             Cell::Nodes => "nodes",
             Cell::Lockdown => "lockdown",
+            Cell::KubernetesNewest => "kubernetes-newest",
+            Cell::KubernetesOldest => "kubernetes-oldest",
         }
     }
 }
@@ -207,6 +221,15 @@ mod tests {
         assert!(script.contains("\"current-external-artifact|current|ExternalArtifact=true\""));
         assert!(script.contains("\"flux27-default|2.7|\""));
         assert!(script.contains(&format!("\"{}|current||lockdown\"", Cell::Lockdown.name())));
+        for (cell, line) in [
+            (Cell::KubernetesNewest, "newest"),
+            (Cell::KubernetesOldest, "oldest"),
+        ] {
+            assert!(
+                script.contains(&format!("\"{}|current|||{line}\"", cell.name())),
+                "e2e/lib/cells.sh defines no cell {cell} on the {line} Kubernetes line"
+            );
+        }
     }
 
     /// A test holds its cell's lock while the cell's `up` and `down` take
@@ -221,6 +244,8 @@ mod tests {
             Cell::Flux27Default,
             Cell::Nodes,
             Cell::Lockdown,
+            Cell::KubernetesNewest,
+            Cell::KubernetesOldest,
         ];
         let mut matrix = Vec::new();
         for cell in cells {
