@@ -334,7 +334,167 @@ async fn installed_with_helm_from_the_oci_chart_then_uninstalled_to_nothing() {
         );
     }
     custom_source_flows(&env, "release-helm").await;
-    tokio::task::block_in_place(|| uninstall(&env, bundle, "Helm"));
+    non_default_values_run_as_set(&env, bundle).await;
+    tokio::task::block_in_place(|| {
+        uninstall(&env, bundle, "Helm");
+        sh(
+            &env,
+            bundle,
+            &format!(
+                "kubectl delete crd podmonitors.monitoring.coreos.com\n\
+                 kubectl delete namespace {OTHER_FLUX_NAMESPACE}\n"
+            ),
+        );
+    });
+}
+
+/// The Flux namespace the non-default values name: not flux-system.
+const OTHER_FLUX_NAMESPACE: &str = "gitops-system";
+
+/// A stand-in for the Prometheus Operator's PodMonitor CRD (the cell runs
+/// no Prometheus Operator): the kind, served, with any spec.
+const PODMONITOR_CRD: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podmonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+";
+
+/// The installed release upgraded with values an operator sets beside the
+/// defaults (three replicas, another Flux namespace, extraArgs that
+/// override the shipped `--log-level`, the PodMonitor on): the chart
+/// accepts them, openflux's Pods run with them and become ready, the
+/// PodMonitor selects every openflux Pod on a port they declare. Leaves
+/// the release installed, with these values, for its uninstall.
+async fn non_default_values_run_as_set(env: &Env, bundle: &Bundle) {
+    let values = format!(
+        "openflux:\n  replicas: 3\n  extraArgs: [--log-level=debug]\n\
+         fluxNamespace: {OTHER_FLUX_NAMESPACE}\npodMonitor:\n  enabled: true\n"
+    );
+    tokio::task::block_in_place(|| {
+        sh(
+            env,
+            bundle,
+            &with_plain_http_helm(&format!(
+                "kubectl apply -f - <<'EOF'\n{PODMONITOR_CRD}EOF\n\
+                 kubectl wait --for=condition=Established --timeout=60s crd/podmonitors.monitoring.coreos.com\n\
+                 kubectl create namespace {OTHER_FLUX_NAMESPACE}\n\
+                 values=\"$(mktemp)\"\n\
+                 cat >\"$values\" <<'EOF'\n{values}EOF\n\
+                 helm upgrade openflux oci://$REGISTRY/charts/openflux --version {version} \\\n\
+                   --namespace openflux-system --reuse-values -f \"$values\"\n\
+                 rm -f \"$values\"\n",
+                version = bundle.version
+            )),
+        )
+    });
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(env.client.clone(), "openflux-system");
+    support::wait_for(
+        "openflux's Deployment rolled out with 3 ready replicas",
+        ROLLOUT,
+        || async {
+            let d = deployments.get("openflux").await.ok()?;
+            let status = d.status.as_ref()?;
+            let generation = d.metadata.generation?;
+            (status.observed_generation == Some(generation)
+                && d.spec.as_ref()?.replicas == Some(3)
+                && status.replicas == Some(3)
+                && status.updated_replicas == Some(3)
+                && status.ready_replicas == Some(3))
+            .then_some(())
+        },
+    )
+    .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.client.clone(), "openflux-system");
+    let running: Vec<_> = pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=openflux"))
+        .await
+        .expect("listing openflux's Pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert_eq!(running.len(), 3, "openflux's Pods");
+    let mut ports = Vec::new();
+    for pod in &running {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let container = &pod.spec.as_ref().expect("a Pod's spec").containers[0];
+        let args = container.args.clone().unwrap_or_default();
+        let last_level = args.iter().rev().find(|a| a.starts_with("--log-level="));
+        assert_eq!(
+            last_level.map(String::as_str),
+            Some("--log-level=debug"),
+            "{name}: the last --log-level is extraArgs': {args:?}"
+        );
+        assert!(
+            args.iter()
+                .any(|a| a == &format!("--flux-namespace={OTHER_FLUX_NAMESPACE}")),
+            "{name}: runs for the Flux namespace {OTHER_FLUX_NAMESPACE}: {args:?}"
+        );
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        assert!(ready, "{name} is ready");
+        ports.extend(
+            container
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.name.clone()),
+        );
+    }
+    let monitor = env
+        .find(
+            "monitoring.coreos.com/v1",
+            "PodMonitor",
+            "openflux-system",
+            "openflux",
+        )
+        .await
+        .expect("the PodMonitor the values turned on");
+    let spec = &monitor.data["spec"];
+    let selected = spec["selector"]["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|e| {
+            e["key"] == "app.kubernetes.io/name"
+                && e["operator"] == "In"
+                && e["values"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v == "openflux"))
+        });
+    assert!(selected, "the PodMonitor selects openflux's Pods: {spec}");
+    let endpoints: Vec<&str> = spec["podMetricsEndpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["port"].as_str())
+        .collect();
+    assert!(
+        endpoints.iter().any(|p| ports.iter().any(|q| q == p)),
+        "the PodMonitor scrapes a port openflux's Pods declare: {endpoints:?} of {ports:?}"
+    );
+    println!(
+        "helm upgrade with non-default values: 3 ready Pods, --log-level=debug last, \
+         --flux-namespace={OTHER_FLUX_NAMESPACE}, PodMonitor on ports {endpoints:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
