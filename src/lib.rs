@@ -8,7 +8,6 @@ pub mod adopt;
 pub mod certs;
 pub mod cluster;
 pub mod consumers;
-pub mod context;
 pub mod control;
 pub mod export;
 pub mod index;

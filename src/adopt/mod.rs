@@ -20,9 +20,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::adopt::plan::{adopt, adopted_name, up_to_date, OPEN_FLUX_GROUPS, OPEN_FLUX_VERSION};
 use crate::cluster::facts::Facts;
-use crate::context::{apply_params, Context, Error};
 use crate::control::looks::{self, Looks};
-use crate::control::{Reconciler, Requeue};
+use crate::control::{apply_params, Context, Error, Reconciler, Requeue};
 use crate::telemetry::SyncGuard;
 use crate::vocabulary::marks::ADOPTED_FROM_LABEL;
 use crate::watch::change::Change;

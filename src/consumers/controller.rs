@@ -18,9 +18,9 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 
 use crate::cluster::gate;
-use crate::consumers::references::{ConsumerKey, Entry};
+use crate::consumers::references::{ConsumerKey, Entry, References};
 use crate::consumers::repoint::{repoint, ObjectKey};
-use crate::context::{Context, Error};
+use crate::control::{Context, Error, Referrals};
 use crate::locks;
 use crate::rewrite::View;
 use crate::telemetry::Readiness;
@@ -48,14 +48,26 @@ type Watched = HashMap<&'static str, (ApiResource, Store<DynamicObject>)>;
 type Exports = HashMap<String, (ApiResource, Store<DynamicObject>)>;
 
 /// The watched consumer kinds, shared by the leader (which starts the
-/// watches) and the re-pointing worker (which reads their stores).
-#[derive(Clone, Default)]
+/// watches) and the re-pointing worker (which reads their stores), and the
+/// references the watches keep.
+#[derive(Clone)]
 pub struct Consumers {
     watched: Arc<RwLock<Watched>>,
     exports: Arc<RwLock<Exports>>,
+    references: Arc<RwLock<References>>,
 }
 
 impl Consumers {
+    /// No consumer kind watched yet; the watches keep `references` (which
+    /// outlive a term: the export controller reads them).
+    pub fn new(references: Arc<RwLock<References>>) -> Self {
+        Self {
+            watched: Arc::default(),
+            exports: Arc::default(),
+            references,
+        }
+    }
+
     /// Starts a watch for each consumer kind the cluster serves and that is
     /// not watched yet.
     pub fn start(
@@ -80,7 +92,7 @@ impl Consumers {
             let resource = ApiResource::from_gvk_with_plural(&gvk, consumer.resource);
             let writer = Writer::<DynamicObject>::new(resource.clone());
             let store = writer.as_reader();
-            locks::write(&ctx.references).watching(consumer.kind);
+            locks::write(&self.references).watching(consumer.kind);
             let watch = Watch {
                 api: scope.dynamic_api(&ctx.client, &resource),
                 // Every consumer, of every shard: an export of this shard's
@@ -93,11 +105,12 @@ impl Consumers {
                 turns: ctx.list_turns.clone(),
                 rejects: ctx.rejects.clone(),
             };
-            let (ctx2, look, freed) = (ctx.clone(), sinks.look.clone(), sinks.freed.clone());
+            let (references, look) = (self.references.clone(), sinks.look.clone());
+            let freed = sinks.freed.clone();
             tasks.spawn(watch.run(
                 Some(writer),
                 readiness.controller_watch(&format!("{} consumers", consumer.kind)),
-                move |change| observe(&ctx2, consumer, change, &look, &freed),
+                move |change| observe(&references, consumer, change, &look, &freed),
                 shutdown.clone(),
             ));
             locks::write(&self.watched).insert(consumer.kind, (resource, store));
@@ -253,7 +266,7 @@ pub fn with_precondition(mut patch: Value, resource_version: Option<&str>) -> Va
 
 /// Keeps the references index and asks for a look at changed consumers.
 fn observe(
-    ctx: &Context,
+    references: &RwLock<References>,
     consumer: &'static Consumer,
     change: Change<'_, DynamicObject>,
     look: &UnboundedSender<Look>,
@@ -282,7 +295,7 @@ fn observe(
             let Some(e) = entry(o) else { return };
             let mut gone: Vec<ObjectKey> = e.moved_from.clone();
             {
-                let mut refs = locks::write(&ctx.references);
+                let mut refs = locks::write(references);
                 if let Some(before) = refs.get(&key(o)) {
                     gone.extend(before.refers.iter().cloned());
                 }
@@ -294,7 +307,7 @@ fn observe(
         }
         Change::Deleted(o) => {
             let gone = {
-                let mut refs = locks::write(&ctx.references);
+                let mut refs = locks::write(references);
                 let before = refs.get(&key(o)).map(|e| e.refers.clone());
                 refs.delete(&key(o));
                 before.unwrap_or_default()
@@ -304,7 +317,7 @@ fn observe(
         // The consumer watch keeps every object: its lists arrive whole.
         Change::Listing | Change::Listed(_) => {}
         Change::Relisted(all) => {
-            let mut refs = locks::write(&ctx.references);
+            let mut refs = locks::write(references);
             let entries = all
                 .iter()
                 .filter_map(|o| {
@@ -322,6 +335,13 @@ fn observe(
                 ));
             }
         }
+    }
+}
+
+/// What the consumers' watches tell the export controller.
+impl Referrals for RwLock<References> {
+    fn refers_to(&self, namespace: &str, kind: &str, name: &str) -> bool {
+        locks::read(self).refers_to(namespace, kind, name)
     }
 }
 

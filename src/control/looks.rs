@@ -11,9 +11,8 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::Reconciler;
+use super::{caught, Reconciler};
 use crate::api::runtime::{Retries, RetryArgs};
-use crate::context::caught;
 
 /// Where a loop's objects come from and go back to.
 pub struct Looks<L> {
@@ -72,7 +71,7 @@ pub async fn serve<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::Error;
+    use crate::control::Error;
     use crate::control::Requeue;
     use futures::channel::mpsc::unbounded;
     use std::sync::{Arc, Mutex};

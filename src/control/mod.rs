@@ -11,13 +11,67 @@
 //!   that holds each source once (a stock source kind's mirror);
 //! - kube's `Controller` (`crate::export`): many at once, from the
 //!   router's triggers (the export controller).
+//!
+//! Beside them, what every controller shares: the reconcile [`Error`] and
+//! [`caught`] (a panic as a failure), the [`Context`] built once when
+//! openflux starts, the [`WriteMemo`], and [`Referrals`], what the
+//! consumers' controller tells the export controller. Nothing here imports
+//! a controller: each keeps its own state, and what one tells another is
+//! a value of a floor below both.
 
+mod context;
 pub mod looks;
+mod memo;
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use crate::context::Error;
+use futures::FutureExt as _;
+
+pub use context::{apply_params, Context};
+pub use memo::{hash_of, WriteMemo, MEMO_LIMIT};
+
+use crate::api::runtime::{panics, ReconcileResult};
+
+/// Errors of a reconcile; all are retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("encoding an object: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+    /// Not failed, but not done yet: the look waits for another
+    /// controller's work (an export to be written) and is tried again
+    /// after its backoff.
+    #[error("{0}")]
+    Waiting(String),
+    /// A defect in openflux: the reconcile panicked.
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
+}
+
+/// Runs `reconcile`; a panic in it becomes a failed reconcile
+/// ([`Error::Panicked`]), retried after a backoff like any other failure,
+/// instead of ending the task that runs every reconcile of its controller.
+pub async fn caught<T>(reconcile: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    AssertUnwindSafe(reconcile)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(Error::Panicked(panics::message(&*panic))))
+}
+
+/// How a reconcile ended, in the words of Flux's reconcile metrics: an
+/// openflux reconcile either succeeds (and waits for the next change) or
+/// fails (and is retried).
+pub fn reconcile_result<T, E>(result: &Result<T, E>) -> ReconcileResult {
+    match result {
+        Ok(_) => ReconcileResult::Success,
+        Err(_) => ReconcileResult::Error,
+    }
+}
 
 /// What a reconcile asks for when it succeeds: to be reconciled again after
 /// this long, or (`None`) only when something changes.
@@ -52,4 +106,40 @@ pub trait WakeHandle {
 
     /// Reconciles every object the controller keeps again.
     fn every(&self);
+}
+
+/// What the consumers' controller tells the export controller: whether
+/// Flux may still read the exported object `kind` `namespace`/`name` (a
+/// consumer names it, or has not reconciled its move away from it yet).
+/// The consumers' watches keep the answer; the wiring hands it to the
+/// export controller, which asks before it deletes an export no longer
+/// wanted.
+pub trait Referrals: Send + Sync {
+    fn refers_to(&self, namespace: &str, kind: &str, name: &str) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reconcile_that_panics_is_a_failed_one_with_the_panics_message() {
+        let fixed = caught(async {
+            if true {
+                panic!("a defect");
+            }
+            Ok(())
+        })
+        .await;
+        assert!(matches!(fixed, Err(Error::Panicked(m)) if m == "a defect"));
+        let formatted = caught(async {
+            if true {
+                panic!("a defect in {}", "apps/web");
+            }
+            Ok(())
+        })
+        .await;
+        assert!(matches!(formatted, Err(Error::Panicked(m)) if m == "a defect in apps/web"));
+        assert!(matches!(caught(async { Ok(7) }).await, Ok(7)));
+    }
 }

@@ -51,15 +51,25 @@ pub use plan::{
 use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
-use crate::context::{caught, reconcile_result, Context, Error};
-use crate::control::{Reconciler, Requeue};
+use crate::control::{caught, reconcile_result, Context, Error, Reconciler, Referrals, Requeue};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
 use crate::locks;
 
+/// What the export controller keeps from one run to the next (it is
+/// started anew when the served targets change), built once by the wiring.
+pub struct Kept {
+    /// Whether an Artifact's writer may speak for its source.
+    pub verifier: verify::Verifier,
+    /// Which exported objects consumers refer to, as the consumers'
+    /// controller keeps them.
+    pub referrals: Arc<dyn Referrals>,
+}
+
 /// The export controller's context, built once per run of the controller.
 struct Exporter {
     ctx: Arc<Context>,
+    kept: Arc<Kept>,
     targets: ServedTargets,
     metrics: ControllerMetrics,
     /// The failures in a row of each Artifact failing now.
@@ -70,9 +80,10 @@ struct Exporter {
 
 /// Runs the export controller until `shutdown`, reconciling each Artifact
 /// `triggers` names (its own changes, its exported object's changes, a
-/// sibling's arrival or departure).
+/// sibling's arrival or departure), with what `kept` holds across runs.
 pub async fn run(
     ctx: Arc<Context>,
+    kept: Arc<Kept>,
     targets: ServedTargets,
     triggers: impl futures::Stream<Item = ObjectRef<Artifact>> + Send + 'static,
     concurrency: u16,
@@ -90,6 +101,7 @@ pub async fn run(
             .reconciles
             .controller(&ControllerId::of::<Artifact>(), concurrency),
         ctx,
+        kept,
         targets,
     });
     let gone = exporter.clone();
@@ -184,7 +196,7 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Req
             conditions: vec![ready(artifact, ok, reason, message)],
         };
 
-    let verdict = ctx.verifier.check(artifact).await?;
+    let verdict = exporter.kept.verifier.check(artifact).await?;
     // The default rule weighs only Artifacts the check did not refuse: the
     // index learns the verdict before this Artifact's export name is taken
     // from it (its status carries it to the other replicas and restarts).

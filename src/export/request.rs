@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::plan::REQUESTED_AT;
 use crate::api::Artifact;
-use crate::context::{hash_of, Context};
+use crate::control::{hash_of, Context};
 
 /// Hands a reconcile request set on an export (`kubectl annotate` or
 /// Flux's tools, where they point a person) to the custom source that

@@ -11,7 +11,7 @@ use super::write::Export;
 use super::{former_export_names, plan, Exporter};
 use crate::api::Artifact;
 use crate::cluster::target::Target;
-use crate::context::Error;
+use crate::control::Error;
 use crate::locks;
 
 impl Exporter {
@@ -43,7 +43,7 @@ impl Exporter {
                 let old_name = object.name_any();
                 let export = Export::new(&self.ctx, served, namespace, &old_name);
                 let kind = served.resource.kind.as_str();
-                if locks::read(&self.ctx.references).refers_to(namespace, kind, &old_name) {
+                if self.kept.referrals.refers_to(namespace, kind, &old_name) {
                     let inputs = locks::read(&self.ctx.facts).cluster.exported_inputs;
                     if let Ok(plan) = plan(artifact, &old_name, *target, &served.resource, inputs) {
                         let latest = export.write_object(&plan, Some((*object).clone())).await?;

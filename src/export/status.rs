@@ -6,8 +6,7 @@ use kube::ResourceExt;
 
 use super::{events, Exporter};
 use crate::api::{Artifact, ArtifactStatus};
-use crate::context::{apply_params, hash_of, Error};
-use crate::control::Requeue;
+use crate::control::{apply_params, hash_of, Error, Requeue};
 
 impl Exporter {
     /// An export the API server refused (or that could not be sent): said

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::plan::{desired_status, object_up_to_date, status_up_to_date, ExportPlan};
 use crate::cluster::target::Target;
-use crate::context::{apply_params, hash_of, Context, Error};
+use crate::control::{apply_params, hash_of, Context, Error};
 
 /// One kind Artifacts can be exported as, served by the cluster: the
 /// resource, and the objects of that kind openflux exported (labelled as

@@ -8,8 +8,8 @@ use hashbrown::Equivalent;
 use kube::ResourceExt;
 
 use crate::api::{reason, split_api_version, Artifact};
-use crate::mirror::plan::{fingerprint, is_mirrored};
 use crate::vocabulary::marks::DEFAULT_ARTIFACT_LABEL;
+use crate::vocabulary::mirrored::{fingerprint, is_mirrored};
 
 /// Text the index keeps: shared, so one string serves every map that
 /// names it, and the namespaces, groups and kinds of all Artifacts are kept
@@ -149,7 +149,7 @@ pub struct IndexedArtifact {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MirroredState {
     pub resource_version: Option<Text>,
-    /// [`crate::mirror::plan::fingerprint`] of the stored object.
+    /// [`crate::vocabulary::mirrored::fingerprint`] of the stored object.
     pub fingerprint: u64,
 }
 

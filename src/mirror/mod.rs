@@ -36,8 +36,7 @@ pub use wake::Waker;
 
 use crate::api::runtime::{ControllerId, ControllerMetrics};
 use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
-use crate::context::{apply_params, reconcile_result, Context, Error};
-use crate::control::{Reconciler, Requeue};
+use crate::control::{apply_params, reconcile_result, Context, Error, Reconciler, Requeue};
 use crate::locks;
 use crate::telemetry::KindLabels;
 
@@ -337,7 +336,7 @@ async fn taken(
         kind = stock.kind
     );
     let key = format!("taken/{namespace}/{name}");
-    let hash = crate::context::hash_of(&message).unwrap_or_default();
+    let hash = crate::control::hash_of(&message).unwrap_or_default();
     let uid = source.uid.as_deref().map(str::to_string);
     if ctx.memo.already_written(&key, uid.as_deref(), hash) {
         return;

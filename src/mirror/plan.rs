@@ -2,19 +2,17 @@
 //! it implies (or that it has none), whether a stored Artifact already says
 //! it, and the status openflux keeps on it. Plain functions from data to data.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
-use kube::ResourceExt;
 
 use super::source::{Source, SourceLabels};
 use crate::api::{
-    is_stock_source, split_api_version, Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP,
-    MANAGED_BY, MANAGED_BY_LABEL, SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
+    Artifact, ArtifactSpec, StockSource, FLUX_SOURCE_GROUP, MANAGED_BY, MANAGED_BY_LABEL,
+    SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
+pub use crate::vocabulary::mirrored::{fingerprint, is_mirrored};
 use crate::{names, shard};
 
 /// What the mirror should do for one source.
@@ -107,52 +105,6 @@ pub fn is_own_export(stock: &StockSource, labels: &SourceLabels) -> bool {
         && (*stock == StockSource::EXTERNAL_ARTIFACT || labels.shadow)
 }
 
-/// Whether `artifact` is the mirror of a stock Flux source: its controller
-/// is a kind of source-controller's. Flux reads such a source itself; of
-/// these Artifacts only the mirror reads more than the owner index keeps,
-/// and it reads their [`fingerprint`].
-pub fn is_mirrored(artifact: &Artifact) -> bool {
-    controller_of(artifact).is_some_and(|o| {
-        let (group, _) = split_api_version(&o.api_version);
-        is_stock_source(group, &o.kind)
-    })
-}
-
-fn controller_of(artifact: &Artifact) -> Option<&OwnerReference> {
-    artifact
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-}
-
-/// What the mirror writes on an Artifact, as one number: its spec, the
-/// labels the mirror sets (the shard's included) and its controller's uid.
-/// A stored Artifact says what its source says exactly when its fingerprint
-/// is that of the Artifact [`plan`] made; labels others added do not count.
-/// The owner index keeps this number of a mirrored Artifact, in place of
-/// the object.
-pub fn fingerprint(artifact: &Artifact) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    // The spec's JSON, written straight into the hasher (writing to it
-    // cannot fail).
-    let _ = serde_json::to_writer(HashWriter(&mut hasher), &artifact.spec);
-    let labels = artifact.labels();
-    for key in [
-        MANAGED_BY_LABEL,
-        SOURCE_KIND_LABEL,
-        SOURCE_NAME_LABEL,
-        shard::SHARD_LABEL,
-    ] {
-        labels.get(key).hash(&mut hasher);
-    }
-    controller_of(artifact)
-        .map(|o| o.uid.as_str())
-        .hash(&mut hasher);
-    hasher.finish()
-}
-
 /// The controller owner of a stored Artifact, as the owner index keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredOwner<'a> {
@@ -212,20 +164,6 @@ pub fn stored(
     }
 }
 
-/// Bytes written into a hasher.
-struct HashWriter<'a>(&'a mut DefaultHasher);
-
-impl std::io::Write for HashWriter<'_> {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        Hasher::write(self.0, bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The write memo's key for the mirrored Artifact `name` in `namespace`.
 pub fn memo_key(namespace: &str, name: &str) -> String {
     format!("artifact/{namespace}/{name}")
@@ -245,6 +183,7 @@ pub struct Echo {
 mod tests {
     use super::*;
     use crate::mirror::source::FluxSource;
+    use kube::ResourceExt;
     use serde_json::json;
 
     /// A source as the mirror keeps it, from the object the API server sends.

@@ -22,8 +22,7 @@ use super::backlog::Backlog;
 use super::source::Source;
 use super::store::Sources;
 use crate::api::runtime::{Retries, RetryArgs};
-use crate::context::Error;
-use crate::control::{Reconciler, Requeue};
+use crate::control::{caught, Error, Reconciler, Requeue};
 
 /// A source by namespace and name.
 type Key = (Arc<str>, Arc<str>);
@@ -82,7 +81,7 @@ pub async fn run<R>(
                 let room = Room { backlog: backlog.clone(), source: given };
                 let mirror = mirror.clone();
                 running.spawn(async move {
-                    let result = crate::context::caught(mirror.reconcile(&source)).await;
+                    let result = caught(mirror.reconcile(&source)).await;
                     drop(room);
                     (source, result)
                 });

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use super::backlog::Backlog;
 use super::plan::{memo_key, Echo};
 use super::store::Sources;
-use crate::context::Context;
-use crate::control::WakeHandle;
+use crate::control::{Context, WakeHandle};
 
 /// A running mirror's wake handle: its sources, and the backlog its
 /// runner takes them from.

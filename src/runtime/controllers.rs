@@ -7,7 +7,7 @@
 mod dispatch;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
@@ -25,9 +25,9 @@ use crate::adopt;
 use crate::api::{StockSource, STOCK_SOURCES};
 use crate::cluster::target::Target;
 use crate::consumers::controller::{Consumers, Look, Sinks};
+use crate::consumers::references::References;
 use crate::consumers::repoint::ObjectKey;
-use crate::context::Context;
-use crate::control::WakeHandle;
+use crate::control::{Context, WakeHandle};
 use crate::export::release::target_resource;
 use crate::export::{self, ServedTarget, ServedTargets};
 use crate::locks;
@@ -58,9 +58,14 @@ type Found = Vec<(
     Result<Option<ApiResource>, DiscoveryError>,
 )>;
 
+/// What the controllers keep from one term to the next, built once by the
+/// wiring: their context, the export's own state, the consumers' references.
+pub type Kept = (Arc<Context>, Arc<export::Kept>, Arc<RwLock<References>>);
+
 /// Everything the leader runs.
 pub struct Controllers {
     ctx: Arc<Context>,
+    export_kept: Arc<export::Kept>,
     facts_seen: tokio::sync::watch::Receiver<u64>,
     hub: Hub,
     scope: Scope,
@@ -90,7 +95,7 @@ pub struct Controllers {
 
 impl Controllers {
     pub fn new(
-        ctx: Arc<Context>,
+        (ctx, export_kept, references): Kept,
         facts_seen: tokio::sync::watch::Receiver<u64>,
         hub: Hub,
         scope: Scope,
@@ -101,6 +106,7 @@ impl Controllers {
         let (look, looks) = unbounded();
         Self {
             ctx,
+            export_kept,
             facts_seen,
             hub,
             scope,
@@ -111,7 +117,7 @@ impl Controllers {
             export: None,
             targets: ServedTargets::new(),
             reported_missing: BTreeSet::new(),
-            consumers: Consumers::default(),
+            consumers: Consumers::new(references),
             adopting: BTreeSet::new(),
             look,
             looks: Some(looks),
@@ -374,6 +380,7 @@ impl Controllers {
         let stop = self.shutdown.child_token();
         let task = AbortOnDropHandle::new(tokio::spawn(export::run(
             self.ctx.clone(),
+            self.export_kept.clone(),
             self.targets.clone(),
             triggers,
             self.concurrency,

@@ -45,7 +45,8 @@ use crate::api::Artifact;
 use crate::cluster::facts::Facts;
 use crate::cluster::gate::{self, GateMetrics};
 use crate::cluster::survey;
-use crate::context::{Context, WriteMemo};
+use crate::consumers::references::References;
+use crate::control::{Context, WriteMemo};
 use crate::export::verify::Verifier;
 use crate::index::OwnerIndex;
 use crate::telemetry::{self, Metrics, Readiness};
@@ -140,12 +141,17 @@ where
         memo: WriteMemo::default(),
         events,
         facts: shared.facts.clone(),
-        references: Default::default(),
-        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
         shard: args.shard()?,
         retry: runtime.retry,
         list_turns: Default::default(),
         rejects,
+    });
+    // The consumers' watches keep the references; the export controller
+    // reads them.
+    let references = Arc::new(RwLock::new(References::default()));
+    let export = Arc::new(crate::export::Kept {
+        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
+        referrals: references.clone(),
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
@@ -192,7 +198,7 @@ where
 
     let leader_election = &runtime.leader_election;
     let leading = Leading {
-        ctx,
+        kept: (ctx, export, references),
         facts_seen,
         hub,
         scope,
@@ -239,7 +245,7 @@ where
 
 /// What the leader runs, started anew each time this replica wins the Lease.
 struct Leading {
-    ctx: Arc<Context>,
+    kept: controllers::Kept,
     /// Changes of the export targets (the survey runs on every replica).
     facts_seen: tokio::sync::watch::Receiver<u64>,
     hub: Hub,
@@ -258,7 +264,7 @@ impl Leading {
         self.metrics.leader.set(1);
         self.terms.send_replace(Some(term.clone()));
         let mut controllers = Controllers::new(
-            self.ctx.clone(),
+            self.kept.clone(),
             self.facts_seen.clone(),
             self.hub.clone(),
             self.scope.clone(),

@@ -5,7 +5,10 @@
 //!   live and which stock kinds each field accepts (read by the webhook,
 //!   the survey, the gate scan and the re-pointer alike);
 //! - [`marks`]: the labels and annotations openflux writes (`openflux.dev/*`),
-//!   beside those of the API crate ([`crate::api`]).
+//!   beside those of the API crate ([`crate::api`]);
+//! - [`mirrored`]: what marks the mirror of a stock Flux source, and its
+//!   fingerprint (written by the mirror, kept by the owner index).
 
 pub mod consumers;
 pub mod marks;
+pub mod mirrored;

@@ -8,9 +8,8 @@ use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::{Consumers, Look};
-use crate::context::{Context, Error};
 use crate::control::looks::{self, Looks};
-use crate::control::{Reconciler, Requeue};
+use crate::control::{Context, Error, Reconciler, Requeue};
 
 impl Consumers {
     /// Re-points the consumers it is asked to look at until `shutdown`,
