@@ -11,7 +11,7 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{caught, Reconciler};
+use super::{caught, ended, Reconciler};
 use crate::api::runtime::{Retries, RetryArgs};
 
 /// Where a loop's objects come from and go back to.
@@ -47,17 +47,8 @@ pub async fn serve<R>(
         let Some(one) = next else { break };
         // The call inside the caught future: a panic before its first
         // await is caught too.
-        let delay = match caught(async { reconciler.reconcile(&one).await }).await {
-            Ok(requeue) => {
-                retries.succeeded(&one);
-                requeue
-            }
-            Err(error) => {
-                let delay = retries.failed(one.clone());
-                reconciler.failed(&one, &error, delay);
-                Some(delay)
-            }
-        };
+        let result = caught(async { reconciler.reconcile(&one).await }).await;
+        let delay = ended(reconciler, &retries, &one, &one, result.as_ref().copied());
         if let Some(delay) = delay {
             let again = again.clone();
             waiting.spawn(async move {

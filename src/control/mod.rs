@@ -12,6 +12,9 @@
 //! - kube's `Controller` (`crate::export`): many at once, from the
 //!   router's triggers (the export controller).
 //!
+//! Each ends a reconcile with [`ended`], so a requeue and a failure's
+//! backoff mean the same in all three.
+//!
 //! Beside them, what every controller shares: the reconcile [`Error`] and
 //! [`caught`] (a panic as a failure), the [`Context`] built once when
 //! openflux starts, the [`WriteMemo`], and [`Referrals`], what the
@@ -24,6 +27,7 @@ pub mod looks;
 mod memo;
 
 use std::future::Future;
+use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -32,7 +36,7 @@ use futures::FutureExt as _;
 pub use context::{apply_params, Context};
 pub use memo::{hash_of, WriteMemo, MEMO_LIMIT};
 
-use crate::api::runtime::{panics, ReconcileResult};
+use crate::api::runtime::{panics, ReconcileResult, Retries};
 
 /// Errors of a reconcile; all are retried.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +65,36 @@ pub async fn caught<T>(reconcile: impl Future<Output = Result<T, Error>>) -> Res
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(Error::Panicked(panics::message(&*panic))))
+}
+
+/// Ends a reconcile of `object`, whose failures in a row `retries` counts
+/// under `key`, and says when to reconcile it again: after a success, its
+/// failures are forgotten and the requeue it asked for is taken; after a
+/// failure, one more is counted, the reconciler's error policy
+/// ([`Reconciler::failed`]) is told, and the object waits its backoff.
+/// Every engine ends its reconciles here.
+pub fn ended<R, K>(
+    reconciler: &R,
+    retries: &Retries<K>,
+    key: &K,
+    object: &R::Object,
+    result: Result<Requeue, &Error>,
+) -> Requeue
+where
+    R: Reconciler,
+    K: Clone + Eq + Hash,
+{
+    match result {
+        Ok(requeue) => {
+            retries.succeeded(key);
+            requeue
+        }
+        Err(error) => {
+            let delay = retries.failed(key.clone());
+            reconciler.failed(object, error, delay);
+            Some(delay)
+        }
+    }
 }
 
 /// How a reconcile ended, in the words of Flux's reconcile metrics: an
@@ -141,5 +175,47 @@ mod tests {
         .await;
         assert!(matches!(formatted, Err(Error::Panicked(m)) if m == "a defect in apps/web"));
         assert!(matches!(caught(async { Ok(7) }).await, Ok(7)));
+    }
+
+    /// A controller that only records what its error policy was told.
+    #[derive(Default)]
+    struct Told(std::sync::Mutex<Vec<(String, Duration)>>);
+
+    impl Reconciler for Told {
+        type Object = String;
+
+        async fn reconcile(&self, _: &String) -> Result<Requeue, Error> {
+            Ok(None)
+        }
+
+        fn failed(&self, object: &String, error: &Error, retry_in: Duration) {
+            let told = format!("{object}: {error}");
+            self.0.lock().unwrap().push((told, retry_in));
+        }
+    }
+
+    #[test]
+    fn a_reconcile_ends_with_its_requeue_or_its_backoff() {
+        let retries = Retries::new(crate::api::runtime::RetryArgs {
+            min_retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(3),
+        });
+        let told = Told::default();
+        let object = "apps/web".to_string();
+        let key = 7;
+        let failing = Error::MissingField("spec");
+        let end = |result| ended(&told, &retries, &key, &object, result);
+        let later = Some(Duration::from_secs(30));
+        assert_eq!(end(Ok(later)), later, "a success takes its requeue");
+        assert_eq!(end(Err(&failing)), Some(Duration::from_secs(1)));
+        assert_eq!(end(Err(&failing)), Some(Duration::from_secs(2)));
+        assert_eq!(end(Err(&failing)), Some(Duration::from_secs(3)), "capped");
+        assert_eq!(retries.len(), 1);
+        assert_eq!(end(Ok(None)), None);
+        assert!(retries.is_empty(), "a success forgets the failures");
+        assert_eq!(end(Err(&failing)), Some(Duration::from_secs(1)));
+        let told = told.0.lock().unwrap();
+        assert_eq!(told.len(), 4, "the error policy hears of each failure");
+        assert_eq!(told[0].0, "apps/web: object has no spec");
     }
 }

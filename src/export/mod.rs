@@ -51,7 +51,9 @@ pub use plan::{
 use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
-use crate::control::{caught, reconcile_result, Context, Error, Reconciler, Referrals, Requeue};
+use crate::control::{
+    caught, ended, reconcile_result, Context, Error, Reconciler, Referrals, Requeue,
+};
 use crate::export::trust::Verdict;
 use crate::index::IndexedArtifact;
 use crate::locks;
@@ -112,13 +114,20 @@ pub async fn run(
         .run(
             |artifact, exporter| async move {
                 let requeue = caught(exporter.reconcile(&artifact)).await?;
-                Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+                let key = ObjectRef::from(artifact.as_ref());
+                let requeue = ended(&*exporter, &exporter.retries, &key, &artifact, Ok(requeue));
+                Ok(action(requeue))
             },
             |artifact, error, exporter| {
                 // kube's Controller keeps no backoff: the exporter does.
-                let delay = exporter.retries.failed(ObjectRef::from(artifact.as_ref()));
-                exporter.failed(&artifact, error, delay);
-                Action::requeue(delay)
+                let key = ObjectRef::from(artifact.as_ref());
+                action(ended(
+                    &*exporter,
+                    &exporter.retries,
+                    &key,
+                    &artifact,
+                    Err(error),
+                ))
             },
             exporter.clone(),
         )
@@ -163,9 +172,6 @@ impl Reconciler for Exporter {
         // finds it on its next pass).
         drop(guard);
         self.series.record(ObjectRef::from(artifact.as_ref()));
-        if result.is_ok() {
-            self.retries.succeeded(&ObjectRef::from(artifact.as_ref()));
-        }
         result
     }
 
@@ -333,6 +339,11 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Req
         )
         .await?;
     Ok(None)
+}
+
+/// What kube's `Controller` does after a reconcile that asked for `requeue`.
+fn action(requeue: Requeue) -> Action {
+    requeue.map_or_else(Action::await_change, Action::requeue)
 }
 
 /// What the API server said of a refused request (its message alone), or

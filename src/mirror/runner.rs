@@ -22,7 +22,7 @@ use super::backlog::Backlog;
 use super::source::Source;
 use super::store::Sources;
 use crate::api::runtime::{Retries, RetryArgs};
-use crate::control::{caught, Error, Reconciler, Requeue};
+use crate::control::{caught, ended, Error, Reconciler, Requeue};
 
 /// A source by namespace and name.
 type Key = (Arc<str>, Arc<str>);
@@ -46,21 +46,11 @@ pub async fn run<R>(
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ended) = running.join_next() => {
+            Some(done) = running.join_next() => {
                 // A reconcile's panic is caught in its task (an Err).
-                let Ok((source, result)) = ended else { continue };
+                let Ok((source, result)) = done else { continue };
                 let key = (source.namespace.clone(), source.name.clone());
-                let again = match result {
-                    Ok(again) => {
-                        retries.succeeded(&key);
-                        again
-                    }
-                    Err(error) => {
-                        let delay = retries.failed(key.clone());
-                        mirror.failed(&source, &error, delay);
-                        Some(delay)
-                    }
-                };
+                let again = ended(&*mirror, &retries, &key, &source, result.as_ref().copied());
                 if let Some(after) = again {
                     later.after(key, after);
                 }
