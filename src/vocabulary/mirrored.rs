@@ -1,7 +1,7 @@
 //! What marks an Artifact as the mirror of a stock Flux source, and the
 //! number that says what the mirror wrote on it: the mirror writes both
-//! (see [`crate::mirror::plan`]), the owner index keeps that number in place
-//! of the object, and neither decides it for the other. Pure.
+//! (see [`crate::mirror::plan::plan`]), the owner index keeps that number
+//! in place of the object, and neither decides it for the other. Pure.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
