@@ -133,6 +133,13 @@ where
     crate::locks::lock(&shared.registry).register_collector(Box::new(
         crate::export::census::Census::new(artifacts.as_reader()),
     ));
+    // The consumers' watches keep the references; the export controller
+    // reads them.
+    let references = Arc::new(RwLock::new(References::default()));
+    let export = Arc::new(crate::export::Kept {
+        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
+        referrals: references.clone(),
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         artifacts: artifacts.as_reader(),
@@ -145,13 +152,6 @@ where
         retry: runtime.retry,
         list_turns: Default::default(),
         rejects,
-    });
-    // The consumers' watches keep the references; the export controller
-    // reads them.
-    let references = Arc::new(RwLock::new(References::default()));
-    let export = Arc::new(crate::export::Kept {
-        verifier: Verifier::new(client.clone(), args.verify_artifact_writers).await,
-        referrals: references.clone(),
     });
     let (facts_changed, facts_seen) = tokio::sync::watch::channel(0u64);
     let survey = survey::Survey {
