@@ -199,3 +199,18 @@ impl IndexedArtifact {
         })
     }
 }
+
+/// The default among `artifacts` (see [`crate::names::identity::default_order`]),
+/// leaving out those the trust check refused; allocates nothing.
+pub(super) fn default_among<'a>(
+    artifacts: impl Iterator<Item = &'a IndexedArtifact>,
+) -> Option<&'a IndexedArtifact> {
+    let candidate = |a: &'a IndexedArtifact| crate::names::identity::Candidate {
+        name: &*a.key.name,
+        created: a.created.as_deref(),
+        labelled_default: a.labelled_default,
+    };
+    artifacts
+        .filter(|a| !a.untrusted)
+        .min_by(|a, b| crate::names::identity::default_order(&candidate(a), &candidate(b)))
+}

@@ -10,12 +10,12 @@ pub mod small_set;
 
 pub use entry::{ArtifactKey, IndexedArtifact, MirroredState, Owner, SourceKey, Text};
 
-use entry::{ArtifactKeyRef, KindKeyRef, SourceKeyRef};
+use entry::{default_among, ArtifactKeyRef, KindKeyRef, SourceKeyRef};
 use hashbrown::{HashMap, HashSet};
 
 use crate::api::Artifact;
 use crate::index::small_set::SmallSet;
-use crate::names::identity::{self, Candidate};
+use crate::names::identity;
 /// One change to the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexChange {
@@ -314,19 +314,43 @@ impl OwnerIndex {
     /// for the source, labelled default or older, neither takes the export
     /// nor keeps it from the source's own Artifacts.
     pub fn default_of(&self, source: &SourceKey) -> Option<&IndexedArtifact> {
-        let names = self.by_source.get(source)?;
-        let candidates: Vec<Candidate<&str>> = names
-            .iter()
+        default_among(self.of_source(source))
+    }
+
+    /// The default Artifact of `entry`'s source before and after `entry`
+    /// changes to what it is now (or goes, when `gone`), with this index
+    /// as it was before: the Artifacts whose export name such a change can
+    /// move. The others keep theirs, however many the source has.
+    pub fn defaults_around<'a>(
+        &'a self,
+        entry: &'a IndexedArtifact,
+        gone: bool,
+    ) -> [Option<&'a ArtifactKey>; 2] {
+        let Some(owner) = &entry.owner else {
+            return [None, None];
+        };
+        let before = default_among(self.of_source(&owner.source));
+        let others = self.of_source(&owner.source).filter(|a| a.key != entry.key);
+        let after = match gone {
+            true => default_among(others),
+            false => default_among(others.chain(std::iter::once(entry))),
+        };
+        [before.map(|a| &a.key), after.map(|a| &a.key)]
+    }
+
+    /// The Artifacts of a source, in no order.
+    fn of_source<'a, 's>(
+        &'a self,
+        source: &'s SourceKey,
+    ) -> impl Iterator<Item = &'a IndexedArtifact> + Clone + 's
+    where
+        'a: 's,
+    {
+        self.by_source
+            .get(source)
+            .into_iter()
+            .flatten()
             .filter_map(|n| self.artifact(&source.namespace, n))
-            .filter(|a| !a.untrusted)
-            .map(|a| Candidate {
-                name: a.key.name.to_string(),
-                created: a.created.as_deref(),
-                labelled_default: a.labelled_default,
-            })
-            .collect();
-        let chosen = identity::default_artifact(&candidates)?;
-        self.artifact(&source.namespace, &chosen.name)
     }
 
     /// Name of the object an Artifact is exported as: its source's export

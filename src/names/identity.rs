@@ -31,6 +31,7 @@ use crate::names::{
     export_kind_hash, export_name, kind_hash, legacy_bounded_export_name,
     legacy_dotted_export_name, EXPORT_HASH_LEN,
 };
+use std::cmp::Ordering;
 
 /// Name of the object exported for a source of `group`/`kind` named `name`.
 pub fn source_export_name(group: &str, kind: &str, name: &str) -> String {
@@ -126,31 +127,38 @@ pub fn is_export_name(group: Option<&str>, kind: &str, name: &str, candidate: &s
     }
 }
 
-/// One Artifact of a source, as the default rule sees it.
+/// One Artifact of a source, as the default rule sees it: its name `N`
+/// (owned or borrowed) and its creation time `T`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate<T: Ord> {
-    pub name: String,
+pub struct Candidate<T: Ord, N: Ord = String> {
+    pub name: N,
     /// Creation time (any ordered representation); `None` sorts last.
     pub created: Option<T>,
     /// Whether the producer labelled it the default.
     pub labelled_default: bool,
 }
 
+/// The default rule as an order: the default Artifact of a source is the
+/// first of its Artifacts. Labelled first, then the oldest (no creation
+/// time last), then by name; a total order on distinct names.
+pub fn default_order<T: Ord, N: Ord>(a: &Candidate<T, N>, b: &Candidate<T, N>) -> Ordering {
+    b.labelled_default
+        .cmp(&a.labelled_default)
+        .then_with(|| match (&a.created, &b.created) {
+            (Some(x), Some(y)) => x.cmp(y),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        })
+        .then_with(|| a.name.cmp(&b.name))
+}
+
 /// The default Artifact among a source's Artifacts. Pure and independent of
 /// the order of `candidates`.
-pub fn default_artifact<T: Ord>(candidates: &[Candidate<T>]) -> Option<&Candidate<T>> {
-    candidates.iter().min_by(|a, b| {
-        // Labelled first, then the oldest (None last), then by name.
-        b.labelled_default
-            .cmp(&a.labelled_default)
-            .then_with(|| match (&a.created, &b.created) {
-                (Some(x), Some(y)) => x.cmp(y),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => std::cmp::Ordering::Equal,
-            })
-            .then_with(|| a.name.cmp(&b.name))
-    })
+pub fn default_artifact<T: Ord, N: Ord>(
+    candidates: &[Candidate<T, N>],
+) -> Option<&Candidate<T, N>> {
+    candidates.iter().min_by(|a, b| default_order(a, b))
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@
 //!   keeps that Artifact), whether the Artifact changed or went away. A
 //!   change carries the Artifact's fingerprint, so that the mirror's own
 //!   write coming back through the watch can be told apart and dropped.
-//! - Any other Artifact wakes the export controller for itself, unless it
-//!   went away (its exported object is owned by it and collected with it),
-//!   and for its siblings, the other Artifacts of the same owner: how many
-//!   there are decides their export names.
+//! - Any other Artifact wakes the export controller for itself, and for
+//!   the siblings whose export name the change can move: the source's
+//!   default Artifact before and after it (the default takes the source's
+//!   export name, the others keep their own).
 //! - A stock source wakes its mirror when it changes, except the objects
 //!   openflux exported itself (mirroring them would loop); a source that
 //!   went away takes its Artifact along by garbage collection.
@@ -205,15 +205,17 @@ fn artifact_wakes(entry: &IndexedArtifact, seen: Seen, index: &OwnerIndex) -> BT
         return wake;
     }
     wake.insert(Wake::Export(entry.key.clone()));
-    if let Some(owner) = &entry.owner {
-        let siblings = index.artifacts_of_owner_uid(&owner.uid);
-        wake.extend(
-            siblings
-                .into_iter()
-                .filter(|s| s.key != entry.key)
-                .map(|s| Wake::Export(s.key.clone())),
-        );
-    }
+    // Of its siblings, only the source's default before and after the
+    // change can see its export name move: a change wakes at most two of
+    // them, however many the source has.
+    wake.extend(
+        index
+            .defaults_around(entry, seen == Seen::Deleted)
+            .into_iter()
+            .flatten()
+            .filter(|key| **key != entry.key)
+            .map(|key| Wake::Export(key.clone())),
+    );
     wake
 }
 

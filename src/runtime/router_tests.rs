@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::*;
 use crate::api::{ArtifactSpec, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::vocabulary::marks::DEFAULT_ARTIFACT_LABEL;
 
 const HTTP: &str = "sources.openflux.dev/v1alpha1";
 const FLUX: &str = "source.toolkit.fluxcd.io/v1";
@@ -199,8 +200,8 @@ fn routes_every_kind_of_event() {
     let rows: Vec<(&str, Event<'_>, &str, &str)> = vec![
         // Artifacts of custom sources: the export controller.
         ("custom Artifact, the only one of its source", Event::Artifact(Applied(&web)), "apply apps/web-latest", "export apps/web-latest"),
-        ("custom Artifact with a sibling: both exports are named anew", Event::Artifact(Applied(&m1)), "apply apps/m1", "export apps/m1, export apps/m2"),
-        ("a third Artifact of a source", Event::Artifact(Applied(&m3)), "apply apps/m3", "export apps/m1, export apps/m2, export apps/m3"),
+        ("custom Artifact with a sibling, still its source's default: the sibling keeps its export name", Event::Artifact(Applied(&m1)), "apply apps/m1", "export apps/m1"),
+        ("a third Artifact of a source: only the default's export name could move", Event::Artifact(Applied(&m3)), "apply apps/m3", "export apps/m1, export apps/m3"),
         // A deleted Artifact's own wake finds it gone: its series go at
         // once, exported or not.
         ("custom Artifact deleted: its export goes with it, the sibling is renamed", Event::Artifact(Deleted(&m1)), "delete apps/m1", "export apps/m1, export apps/m2"),
@@ -263,11 +264,9 @@ fn routing_applied_changes_keeps_the_index_in_step() {
     let routed = route(&Event::Artifact(Change::Applied(&m3)), &index);
     index.change(routed.index.unwrap());
     assert_eq!(index.len(), 6);
+    // m3 goes, m1 stays its source's default: m2 keeps its export name.
     let routed = route(&Event::Artifact(Change::Deleted(&m3)), &index);
-    assert_eq!(
-        describe(&routed).1,
-        ["export apps/m1", "export apps/m2", "export apps/m3"]
-    );
+    assert_eq!(describe(&routed).1, ["export apps/m1", "export apps/m3"]);
     index.change(routed.index.unwrap());
     assert_eq!(index.len(), 5);
     assert!(index.artifact("apps", "m3").is_none());
@@ -401,4 +400,87 @@ fn only_a_change_of_a_mirrored_artifact_may_be_an_echo() {
     // A change of the source itself is never an echo.
     let git = source("GitRepository", "podinfo", false);
     assert_eq!(echo(Event::Source(GIT, Change::Applied(&git))), [None]);
+}
+
+/// Whatever one Artifact of a source with many does (arrives, is labelled
+/// the default or not, gets another creation time, is refused by the trust
+/// check, goes), every Artifact whose export name moves is woken, and of
+/// its siblings at most two are: a change costs the same however many
+/// Artifacts the source has.
+#[test]
+fn a_change_wakes_every_artifact_whose_export_name_moves_and_at_most_two_siblings() {
+    use std::collections::BTreeMap;
+    let make = |name: &str, x: u64| -> Artifact {
+        let mut a = artifact(name, Some((HTTP, "HttpSource", "many")));
+        if x.is_multiple_of(7) {
+            a.metadata.labels = Some([(DEFAULT_ARTIFACT_LABEL.to_string(), "true".into())].into());
+        }
+        a.metadata.creation_timestamp = match (x >> 8) % 4 {
+            0 => None,
+            n => Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                format!("2026-01-0{n}T00:00:00Z").parse().unwrap(),
+            )),
+        };
+        if x.is_multiple_of(11) {
+            a.status = Some(
+                serde_json::from_value(json!({"conditions": [{
+                    "type": "Ready", "status": "False", "reason": crate::api::reason::UNTRUSTED,
+                    "message": "refused", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}))
+                .unwrap(),
+            );
+        }
+        a
+    };
+    let export_names = |index: &OwnerIndex, present: &BTreeMap<String, Artifact>| {
+        present
+            .keys()
+            .filter_map(|n| index.artifact("apps", n))
+            .map(|a| (a.key.name.to_string(), index.export_name(a)))
+            .collect::<BTreeMap<String, String>>()
+    };
+    let mut index = OwnerIndex::new();
+    let mut present: BTreeMap<String, Artifact> = BTreeMap::new();
+    let mut x: u64 = 11;
+    let mut most = 0;
+    for _ in 0..1000 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let name = format!("a{:03}", (x >> 33) % 80);
+        let gone = present.contains_key(&name) && (x >> 20).is_multiple_of(5);
+        let changed = make(&name, x >> 40);
+        let event = match gone {
+            true => Change::Deleted(&present[&name]),
+            false => Change::Applied(&changed),
+        };
+        let routed = route(&Event::Artifact(event), &index);
+        let before = export_names(&index, &present);
+        index.change(routed.index.clone().expect("an index change"));
+        match gone {
+            true => present.remove(&name),
+            false => present.insert(name.clone(), changed.clone()),
+        };
+        let after = export_names(&index, &present);
+        let woken: Vec<String> = routed
+            .wake
+            .iter()
+            .filter_map(|w| match w {
+                Wake::Export(key) => Some(key.name.to_string()),
+                _ => None,
+            })
+            .collect();
+        for (artifact, name_now) in &after {
+            if before.get(artifact).is_some_and(|was| was != name_now) {
+                assert!(
+                    woken.contains(artifact),
+                    "{artifact}'s export name moved from {} to {name_now} when {name} changed, unwoken: {woken:?}",
+                    before[artifact]
+                );
+            }
+        }
+        let siblings = woken.iter().filter(|w| **w != name).count();
+        assert!(siblings <= 2, "{name} changed, {siblings} siblings woken");
+        most = most.max(present.len());
+    }
+    assert!(most >= 60, "the source had at most {most} Artifacts");
 }
