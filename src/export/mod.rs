@@ -48,7 +48,7 @@ pub use plan::{
     path_from_url, plan, ready, requested_at, status_up_to_date, ExportPlan, REQUESTED_AT,
 };
 
-use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries};
+use crate::api::runtime::{ControllerId, ControllerMetrics, ObjectLabels, Retries, RetryArgs};
 use crate::api::{is_stock_source, reason, Artifact, ArtifactStatus, ObjectReference};
 use crate::cluster::target::Target;
 use crate::control::{
@@ -68,6 +68,14 @@ pub struct Kept {
     pub referrals: Arc<dyn Referrals>,
 }
 
+/// When an Artifact the trust check refused is checked again: a minute
+/// after the first refusal, doubling with each refusal in a row, at most
+/// every 15 minutes.
+pub const UNTRUSTED_RECHECK: RetryArgs = RetryArgs {
+    min_retry_delay: Duration::from_secs(60),
+    max_retry_delay: Duration::from_secs(15 * 60),
+};
+
 /// The export controller's context, built once per run of the controller.
 struct Exporter {
     ctx: Arc<Context>,
@@ -76,6 +84,11 @@ struct Exporter {
     metrics: ControllerMetrics,
     /// The failures in a row of each Artifact failing now.
     retries: Retries<ObjectRef<Artifact>>,
+    /// The checks in a row that refused each Artifact refused now: a
+    /// refused Artifact is checked again after [`UNTRUSTED_RECHECK`]'s
+    /// growing delays (its writer's rights may change unseen), not every
+    /// minute for ever; one that changes is checked at once.
+    refused: Retries<ObjectRef<Artifact>>,
     /// The Artifacts whose `gotk_*` series this controller recorded.
     series: Series,
 }
@@ -97,6 +110,7 @@ pub async fn run(
     let nothing = futures::stream::pending::<Result<Artifact, watcher::Error>>();
     let exporter = Arc::new(Exporter {
         retries: Retries::new(ctx.retry),
+        refused: Retries::new(UNTRUSTED_RECHECK),
         series: Series::default(),
         metrics: ctx
             .metrics
@@ -138,6 +152,7 @@ pub async fn run(
                 if let Some(namespace) = &gone_ref.namespace {
                     let key = ObjectRef::<Artifact>::new(&gone_ref.name).within(namespace);
                     gone.series.forget(&key, &gone.metrics);
+                    gone.refused.succeeded(&key);
                 }
             }
             futures::future::ready(())
@@ -211,12 +226,14 @@ async fn reconcile_inner(artifact: &Artifact, exporter: &Exporter) -> Result<Req
         &indexed.uid,
         verdict == Verdict::Trusted,
     );
+    let key = ObjectRef::from(artifact);
     if let Verdict::Untrusted(msg) = verdict {
         exporter
             .set_status(artifact, status(false, reason::UNTRUSTED, &msg, None))
             .await?;
-        return Ok(Some(Duration::from_secs(60)));
+        return Ok(Some(exporter.refused.failed(key)));
     }
+    exporter.refused.succeeded(&key);
     let (order, reasons, inputs_served) = {
         let facts = locks::read(&ctx.facts);
         let inputs = facts.cluster.exported_inputs;
@@ -354,5 +371,26 @@ fn api_message(error: &Error) -> String {
             status.message.clone()
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused Artifact is checked again after a minute, then less and
+    /// less often, at most every 15 minutes, and from the start once it
+    /// passed.
+    #[test]
+    fn a_refused_artifact_is_checked_again_less_and_less_often() {
+        let refused = Retries::new(UNTRUSTED_RECHECK);
+        let key = ObjectRef::<Artifact>::new("forged").within("tenant");
+        let delays: Vec<u64> = (0..6)
+            .map(|_| refused.failed(key.clone()).as_secs())
+            .collect();
+        assert_eq!(delays, [60, 120, 240, 480, 900, 900]);
+        refused.succeeded(&key);
+        assert!(refused.is_empty());
+        assert_eq!(refused.failed(key).as_secs(), 60);
     }
 }
