@@ -3,7 +3,7 @@
 //! ratio of the two; docs/benchmarks.md explains each figure.
 //!
 //! ```text
-//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,webhook,admission,mirror,e2e,pods]
+//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,siblings,webhook,admission,mirror,e2e,pods]
 //!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5] [--pod-sizes 5000]
 //! ```
 //!
@@ -37,6 +37,7 @@ mod plot;
 mod pods;
 mod process;
 mod report;
+mod siblings;
 mod stats;
 mod webhook;
 mod webhook_setup;
@@ -89,6 +90,12 @@ fn main() -> ExitCode {
             failed.push(format!("parse: {e:#}"));
         }
     }
+    if options.sections.contains(&Section::Siblings) {
+        if let Err(e) = siblings::run(options.quick, &mut report) {
+            eprintln!("siblings benchmark failed: {e:#}");
+            failed.push(format!("siblings: {e:#}"));
+        }
+    }
     if let Some(requests) = options.webhook.profile {
         return match webhook_setup::profile(&options.webhook, requests) {
             Ok(()) => ExitCode::SUCCESS,
@@ -108,7 +115,7 @@ fn main() -> ExitCode {
         .sections
         .iter()
         .copied()
-        .filter(|s| !matches!(s, Section::Parse | Section::Webhook))
+        .filter(|s| !matches!(s, Section::Parse | Section::Siblings | Section::Webhook))
         .collect();
     if !cluster_sections.is_empty() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -149,7 +156,9 @@ fn main() -> ExitCode {
                             let wait = !options.quick;
                             e2e::run(env, options.e2e_samples, wait, &mut report).await
                         }
-                        Section::Parse | Section::Webhook | Section::Pods => Ok(()),
+                        Section::Parse | Section::Siblings | Section::Webhook | Section::Pods => {
+                            Ok(())
+                        }
                     },
                 };
                 if let Err(e) = result {

@@ -32,6 +32,7 @@ usage: cargo bench --bench openflux -- [options]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Section {
     Parse,
+    Siblings,
     Webhook,
     Admission,
     Mirror,
@@ -43,13 +44,14 @@ impl Section {
     fn parse(s: &str) -> anyhow::Result<Self> {
         Ok(match s {
             "parse" => Section::Parse,
+            "siblings" => Section::Siblings,
             "webhook" => Section::Webhook,
             "admission" => Section::Admission,
             "mirror" => Section::Mirror,
             "e2e" | "end-to-end" => Section::E2e,
             "pods" => Section::Pods,
             other => {
-                bail!("unknown section {other:?} (parse, webhook, admission, mirror, e2e, pods)")
+                bail!("unknown section {other:?} (parse, siblings, webhook, admission, mirror, e2e, pods)")
             }
         })
     }
@@ -111,6 +113,7 @@ pub fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
         json: None,
         sections: vec![
             Section::Parse,
+            Section::Siblings,
             Section::Webhook,
             Section::Admission,
             Section::Mirror,
