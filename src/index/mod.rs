@@ -67,7 +67,6 @@ pub struct OwnerIndex {
     by_source: HashMap<SourceKey, SmallSet<Text>>,
     /// (kind, namespace, name) -> groups that have such a source with Artifacts.
     by_kind: HashMap<(Text, Text, Text), SmallSet<Text>>,
-    by_uid: HashMap<Text, SmallSet<ArtifactKey>>,
     /// Namespaces, groups, kinds and apiVersions, each kept once. Emptied
     /// with the rest on a reset, so it holds no more than the words of the
     /// Artifacts seen since the last complete list.
@@ -142,14 +141,12 @@ impl OwnerIndex {
         self.artifacts.clear();
         self.by_source.clear();
         self.by_kind.clear();
-        self.by_uid.clear();
         self.words.clear();
         // Sized once for the whole list: growing step by step would hold
         // the old table and the new one at each step.
         let n = entries.size_hint().0;
         self.artifacts.reserve(n);
         self.by_source.reserve(n);
-        self.by_uid.reserve(n);
         for entry in entries {
             self.insert(entry);
         }
@@ -184,10 +181,6 @@ impl OwnerIndex {
                 .entry(kind_key(&owner.source))
                 .or_default()
                 .insert(owner.source.group.clone());
-            self.by_uid
-                .entry(owner.uid.clone())
-                .or_default()
-                .insert(entry.key.clone());
         }
         self.artifacts.insert(entry.key.clone(), entry);
     }
@@ -210,12 +203,6 @@ impl OwnerIndex {
                         self.by_kind.remove(&kk);
                     }
                 }
-            }
-        }
-        if let Some(keys) = self.by_uid.get_mut(&owner.uid) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.by_uid.remove(&owner.uid);
             }
         }
     }
@@ -298,18 +285,8 @@ impl OwnerIndex {
         Ok(self.by_source.get_key_value(&source).map(|(key, _)| key))
     }
 
-    /// The Artifacts whose controller owner has this UID.
-    pub fn artifacts_of_owner_uid(&self, uid: &str) -> Vec<&IndexedArtifact> {
-        self.by_uid
-            .get(uid)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.artifacts.get(k).map(|entry| &**entry))
-            .collect()
-    }
-
     /// The default Artifact of a source: the one that fills the source's
-    /// export (see [`identity::default_artifact`]), among its Artifacts the
+    /// export (see [`identity::default_order`]), among its Artifacts the
     /// trust check did not refuse: an Artifact whose writer may not speak
     /// for the source, labelled default or older, neither takes the export
     /// nor keeps it from the source's own Artifacts.
@@ -448,7 +425,6 @@ mod tests {
             idx.lookup_source(Some("x.io"), "HttpSource", "ns", "web"),
             Ok(None)
         );
-        assert_eq!(idx.artifacts_of_owner_uid("u1").len(), 1);
     }
 
     #[test]
@@ -495,7 +471,6 @@ mod tests {
         let moved = artifact("ns", "a1", Some((HTTP, "HttpSource", "other", "u2")));
         idx.apply(&moved);
         assert_eq!(idx.lookup_source(None, "HttpSource", "ns", "web"), Ok(None));
-        assert!(idx.artifacts_of_owner_uid("u1").is_empty());
         assert_eq!(
             idx.lookup_source(None, "HttpSource", "ns", "other")
                 .unwrap()
@@ -514,9 +489,8 @@ mod tests {
         idx.delete(&a);
         assert!(idx.is_empty());
         assert_eq!(idx.lookup_source(None, "HttpSource", "ns", "web"), Ok(None));
-        assert!(idx.artifacts_of_owner_uid("u1").is_empty());
         assert!(idx.artifact("ns", "a1").is_none());
-        assert!(idx.by_kind.is_empty() && idx.by_source.is_empty() && idx.by_uid.is_empty());
+        assert!(idx.by_kind.is_empty() && idx.by_source.is_empty());
         // Deleting what is not there changes nothing.
         idx.delete(&a);
         assert!(idx.is_empty());
