@@ -11,7 +11,7 @@
 //!   rewritten once keeps pointing at the right object while Artifacts come
 //!   and go.
 //! - The Artifact that fills it is the source's *default* Artifact
-//!   ([`default_artifact`]): the one its producer labels
+//!   ([`default_order`]): the one its producer labels
 //!   `openflux.dev/default-artifact: "true"`; without a label, the oldest
 //!   (creation time, then name). Adding an Artifact never moves the default;
 //!   removing the default moves it to the next oldest.
@@ -153,18 +153,16 @@ pub fn default_order<T: Ord, N: Ord>(a: &Candidate<T, N>, b: &Candidate<T, N>) -
         .then_with(|| a.name.cmp(&b.name))
 }
 
-/// The default Artifact among a source's Artifacts. Pure and independent of
-/// the order of `candidates`.
-pub fn default_artifact<T: Ord, N: Ord>(
-    candidates: &[Candidate<T, N>],
-) -> Option<&Candidate<T, N>> {
-    candidates.iter().min_by(|a, b| default_order(a, b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::names::MAX_NAME;
+
+    /// The default among `candidates`, as the index finds it: the first
+    /// in [`default_order`], whatever order they come in.
+    fn default_artifact(candidates: &[Candidate<u32>]) -> Option<&Candidate<u32>> {
+        candidates.iter().min_by(|a, b| default_order(a, b))
+    }
 
     fn c(name: &str, created: Option<u32>, labelled: bool) -> Candidate<u32> {
         Candidate {
