@@ -61,10 +61,8 @@ fn measure(n: usize, changes: usize, every_sibling: bool) -> (f64, f64) {
         let mut woken: Vec<_> = routed
             .wake
             .iter()
-            .filter_map(|w| match w {
-                Wake::Export(key) => Some(key.name.to_string()),
-                _ => None,
-            })
+            .filter_map(Wake::export_key)
+            .map(|key| key.name.to_string())
             .collect();
         if every_sibling {
             woken = (0..n).map(|i| format!("a{i:05}")).collect();

@@ -76,6 +76,16 @@ pub enum Wake {
     },
 }
 
+impl Wake {
+    /// The Artifact whose export this wakes, if it wakes an export.
+    pub fn export_key(&self) -> Option<&ArtifactKey> {
+        match self {
+            Wake::Export(key) => Some(key),
+            _ => None,
+        }
+    }
+}
+
 /// What an event implies.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routed {

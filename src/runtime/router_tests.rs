@@ -464,10 +464,8 @@ fn a_change_wakes_every_artifact_whose_export_name_moves_and_at_most_two_sibling
         let woken: Vec<String> = routed
             .wake
             .iter()
-            .filter_map(|w| match w {
-                Wake::Export(key) => Some(key.name.to_string()),
-                _ => None,
-            })
+            .filter_map(Wake::export_key)
+            .map(|key| key.name.to_string())
             .collect();
         for (artifact, name_now) in &after {
             if before.get(artifact).is_some_and(|was| was != name_now) {
