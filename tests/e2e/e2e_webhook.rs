@@ -8,6 +8,8 @@ use openflux_testkit as support;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use support::openflux::{publish, Openflux};
 use support::webhook::Webhook;
 use support::{
@@ -712,6 +714,14 @@ async fn a_source_kind_created_a_moment_ago_is_admitted() {
     ns.delete().await;
 }
 
+/// How many of the flooding clients of each kind are done.
+#[derive(Default)]
+struct Progress {
+    tricklers: AtomicUsize,
+    chatty: AtomicUsize,
+    flood: AtomicUsize,
+}
+
 /// The address the webhook configuration `name` sends the API server to.
 async fn webhook_addr(env: &Env, name: &str) -> std::net::SocketAddr {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -765,39 +775,67 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
 
     let addr = webhook_addr(&env, &webhook.name).await;
     let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(200);
+    // How many clients of each kind are done, for a failure to say which
+    // kind is still at work.
+    let progress = Arc::new(Progress::default());
+    let done = progress.clone();
     let clients = attack::on_a_niced_thread(move || async move {
-        let tricklers = tokio::spawn(async move {
-            let mut set = tokio::task::JoinSet::new();
-            for _ in 0..200 {
-                let started = started_tx.clone();
-                set.spawn(attack::trickle(
-                    other_peer(),
-                    addr,
-                    MUTATE_PATH,
-                    60_000,
-                    started,
-                ));
+        let tricklers = tokio::spawn({
+            let done = done.clone();
+            async move {
+                let mut set = tokio::task::JoinSet::new();
+                for _ in 0..200 {
+                    let started = started_tx.clone();
+                    let done = done.clone();
+                    set.spawn(async move {
+                        let outcome =
+                            attack::trickle(other_peer(), addr, MUTATE_PATH, 60_000, started).await;
+                        done.tricklers.fetch_add(1, Ordering::Relaxed);
+                        outcome
+                    });
+                }
+                drop(started_tx);
+                set.join_all().await
             }
-            drop(started_tx);
-            set.join_all().await
         });
-        let chatty = tokio::spawn(async move {
-            use futures::StreamExt;
-            let cheap =
-                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec();
-            let held: Vec<_> = futures::stream::iter(0..MAX_CONNECTIONS)
-                .map(|_| {
-                    let body = cheap.clone();
-                    async move {
-                        let mut sender = attack::client_from(other_peer(), addr).await.ok()?;
-                        attack::post(&mut sender, MUTATE_PATH, body).await.ok()?;
-                        Some(sender)
-                    }
-                })
-                .buffer_unordered(32)
-                .collect()
-                .await;
-            held.iter().flatten().count()
+        let chatty = tokio::spawn({
+            let done = done.clone();
+            async move {
+                use futures::StreamExt;
+                let cheap =
+                    br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec();
+                // A webhook whose every place holds a connection that
+                // asked accepts no more until one closes: a connection not
+                // through within 10 s finds it full, and the rest are not
+                // tried.
+                let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let held: Vec<_> = futures::stream::iter(0..MAX_CONNECTIONS)
+                    .map(|_| {
+                        let (body, done, full) = (cheap.clone(), done.clone(), full.clone());
+                        async move {
+                            let held = match full.load(Ordering::Relaxed) {
+                                true => None,
+                                false => tokio::time::timeout(Duration::from_secs(10), async {
+                                    let mut sender =
+                                        attack::client_from(other_peer(), addr).await.ok()?;
+                                    attack::post(&mut sender, MUTATE_PATH, body).await.ok()?;
+                                    Some(sender)
+                                })
+                                .await
+                                .unwrap_or_else(|_| {
+                                    full.store(true, Ordering::Relaxed);
+                                    None
+                                }),
+                            };
+                            done.chatty.fetch_add(1, Ordering::Relaxed);
+                            held
+                        }
+                    })
+                    .buffer_unordered(32)
+                    .collect()
+                    .await;
+                held.iter().flatten().count()
+            }
         });
         let flood = tokio::spawn(async move {
             let body = serde_json::to_vec(&json!({
@@ -808,6 +846,7 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
             let mut set = tokio::task::JoinSet::new();
             for _ in 0..48 {
                 let body = body.clone();
+                let done = done.clone();
                 set.spawn(async move {
                     let mut failures = Vec::new();
                     for _ in 0..2 {
@@ -817,6 +856,7 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
                         {
                             failures.push(e);
                         }
+                        done.flood.fetch_add(1, Ordering::Relaxed);
                     }
                     failures
                 });
@@ -851,10 +891,14 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
     assert!(started >= 190, "only {started} of 200 tricklers started");
 
     // The API server's own admissions, one after the other, until the
-    // clients are done (at least ten).
+    // clients are done (at least ten). Each client gives up on its own
+    // within a minute (a trickle at 30 s, a chatty connection at 10 s, a
+    // flood write's answer at 30 s after a drain of at most 15 s); the
+    // bound leaves room for a loaded machine.
     let mut clients = clients;
     let mut slowest = Duration::ZERO;
     let mut answered = 0;
+    let deadline = Instant::now() + Duration::from_secs(240);
     let outcome = loop {
         let began = Instant::now();
         let stored = dry_run(&env, &ordinary).await;
@@ -870,7 +914,15 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
                 break outcome;
             }
         }
-        assert!(answered < 2000, "the clients did not finish");
+        assert!(
+            Instant::now() < deadline,
+            "the clients did not finish within 240 s ({answered} ordinary admissions meanwhile): \
+             {} of 200 tricklers, {} of {MAX_CONNECTIONS} chatty connections and {} of 96 \
+             flood writes done",
+            progress.tricklers.load(Ordering::Relaxed),
+            progress.chatty.load(Ordering::Relaxed),
+            progress.flood.load(Ordering::Relaxed),
+        );
     };
     eprintln!("{answered} ordinary admissions beside the flood, the slowest in {slowest:?}");
     assert!(
