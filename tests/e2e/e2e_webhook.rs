@@ -778,66 +778,78 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
     // How many clients of each kind are done, for a failure to say which
     // kind is still at work.
     let progress = Arc::new(Progress::default());
-    let done = progress.clone();
-    let clients = attack::on_a_niced_thread(move || async move {
-        let tricklers = tokio::spawn({
-            let done = done.clone();
-            async move {
-                let mut set = tokio::task::JoinSet::new();
-                for _ in 0..200 {
-                    let started = started_tx.clone();
-                    let done = done.clone();
-                    set.spawn(async move {
-                        let outcome =
-                            attack::trickle(other_peer(), addr, MUTATE_PATH, 60_000, started).await;
-                        done.tricklers.fetch_add(1, Ordering::Relaxed);
-                        outcome
-                    });
-                }
-                drop(started_tx);
-                set.join_all().await
+    // Each kind of client runs on a thread of its own, as Pods of their
+    // own would: the CPU the chatty connections' handshakes take does not
+    // slow the flood's writes below the rate the webhook reads them at.
+    let tricklers = attack::on_a_niced_thread({
+        let done = progress.clone();
+        move || async move {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..200 {
+                let started = started_tx.clone();
+                let done = done.clone();
+                set.spawn(async move {
+                    let outcome =
+                        attack::trickle(other_peer(), addr, MUTATE_PATH, 60_000, started).await;
+                    done.tricklers.fetch_add(1, Ordering::Relaxed);
+                    outcome
+                });
             }
-        });
-        let chatty = tokio::spawn({
-            let done = done.clone();
-            async move {
-                use futures::StreamExt;
-                let cheap =
-                    br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec();
-                // A webhook whose every place holds a connection that
-                // asked accepts no more until one closes: a connection not
-                // through within 10 s finds it full, and the rest are not
-                // tried.
-                let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let held: Vec<_> = futures::stream::iter(0..MAX_CONNECTIONS)
-                    .map(|_| {
-                        let (body, done, full) = (cheap.clone(), done.clone(), full.clone());
-                        async move {
-                            let held = match full.load(Ordering::Relaxed) {
-                                true => None,
-                                false => tokio::time::timeout(Duration::from_secs(10), async {
-                                    let mut sender =
-                                        attack::client_from(other_peer(), addr).await.ok()?;
-                                    attack::post(&mut sender, MUTATE_PATH, body).await.ok()?;
-                                    Some(sender)
-                                })
-                                .await
-                                .unwrap_or_else(|_| {
-                                    full.store(true, Ordering::Relaxed);
-                                    None
-                                }),
-                            };
-                            done.chatty.fetch_add(1, Ordering::Relaxed);
-                            held
-                        }
-                    })
-                    .buffer_unordered(32)
-                    .collect()
-                    .await;
-                held.iter().flatten().count()
-            }
-        });
-        let flood = tokio::spawn(async move {
+            drop(started_tx);
+            set.join_all().await
+        }
+    });
+    // The tricklers hold their places before anything else arrives: a
+    // connection that has not sent a request yet may be closed to make room
+    // for a newer one, and the newer ones here are the chatty connections
+    // from the same Pod.
+    let mut started = 0;
+    while started < 200 && started_rx.recv().await.is_some() {
+        started += 1;
+    }
+    assert!(started >= 190, "only {started} of 200 tricklers started");
+    let chatty = attack::on_a_niced_thread({
+        let done = progress.clone();
+        move || async move {
+            use futures::StreamExt;
+            let cheap =
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec();
+            // A webhook whose every place holds a connection that
+            // asked accepts no more until one closes: a connection not
+            // through within 10 s finds it full, and the rest are not
+            // tried.
+            let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let held: Vec<_> = futures::stream::iter(0..MAX_CONNECTIONS)
+                .map(|_| {
+                    let (body, done, full) = (cheap.clone(), done.clone(), full.clone());
+                    async move {
+                        let held = match full.load(Ordering::Relaxed) {
+                            true => None,
+                            false => tokio::time::timeout(Duration::from_secs(10), async {
+                                let mut sender =
+                                    attack::client_from(other_peer(), addr).await.ok()?;
+                                attack::post(&mut sender, MUTATE_PATH, body).await.ok()?;
+                                Some(sender)
+                            })
+                            .await
+                            .unwrap_or_else(|_| {
+                                full.store(true, Ordering::Relaxed);
+                                None
+                            }),
+                        };
+                        done.chatty.fetch_add(1, Ordering::Relaxed);
+                        held
+                    }
+                })
+                .buffer_unordered(32)
+                .collect()
+                .await;
+            held.iter().flatten().count()
+        }
+    });
+    let flood = attack::on_a_niced_thread({
+        let done = progress.clone();
+        move || async move {
             let body = serde_json::to_vec(&json!({
                 "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                 "request": {"uid": "flood", "object": {"padding": "p".repeat(MAX_BODY_BYTES - 1024)}}
@@ -862,10 +874,10 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
                 });
             }
             set.join_all().await.concat()
-        });
-        let (tricklers, chatty, flood) = tokio::join!(tricklers, chatty, flood);
-        (tricklers.ok(), chatty.ok(), flood.ok())
+        }
     });
+    let clients = async move { tokio::join!(tricklers, chatty, flood) };
+    tokio::pin!(clients);
     // Through the API server: eight references with a kind of 512 KiB.
     let mut huge = tokio::task::JoinSet::new();
     for i in 0..8 {
@@ -884,18 +896,11 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
                 .map(|e| format!("{e:#}"))
         });
     }
-    let mut started = 0;
-    while started_rx.recv().await.is_some() {
-        started += 1;
-    }
-    assert!(started >= 190, "only {started} of 200 tricklers started");
-
     // The API server's own admissions, one after the other, until the
     // clients are done (at least ten). Each client gives up on its own
     // within a minute (a trickle at 30 s, a chatty connection at 10 s, a
     // flood write's answer at 30 s after a drain of at most 15 s); the
     // bound leaves room for a loaded machine.
-    let mut clients = clients;
     let mut slowest = Duration::ZERO;
     let mut answered = 0;
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -910,7 +915,7 @@ async fn a_tenant_flooding_the_webhook_leaves_the_api_servers_admissions_answere
         slowest = slowest.max(took);
         answered += 1;
         if answered >= 10 {
-            if let Ok(outcome) = clients.try_recv() {
+            if let Some(outcome) = futures::FutureExt::now_or_never(clients.as_mut()) {
                 break outcome;
             }
         }
