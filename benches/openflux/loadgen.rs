@@ -132,6 +132,8 @@ pub struct Saturation {
     /// Answers counted in the measured window.
     pub requests: u64,
     pub per_second: f64,
+    /// Every answer, the warm-up's included.
+    pub answered: u64,
 }
 
 /// Closed loop on `connections` connections: `warmup`, then answers are
@@ -153,12 +155,13 @@ pub async fn saturate(
     for mut conn in conns {
         tasks.spawn(async move {
             tokio::time::sleep_until(start.into()).await;
-            let mut counted = 0u64;
+            let (mut counted, mut answered) = (0u64, 0u64);
             loop {
                 conn.post_next().await?;
+                answered += 1;
                 let now = Instant::now();
                 if now >= until {
-                    return Ok::<u64, anyhow::Error>(counted);
+                    return Ok::<_, anyhow::Error>((counted, answered));
                 }
                 if now >= from {
                     counted += 1;
@@ -166,13 +169,16 @@ pub async fn saturate(
             }
         });
     }
-    let mut requests = 0;
+    let (mut requests, mut answered) = (0, 0);
     while let Some(done) = tasks.join_next().await {
-        requests += done.map_err(|e| anyhow!("load task failed: {e}"))??;
+        let (counted, all) = done.map_err(|e| anyhow!("load task failed: {e}"))??;
+        requests += counted;
+        answered += all;
     }
     Ok(Saturation {
         requests,
         per_second: requests as f64 / duration.as_secs_f64(),
+        answered,
     })
 }
 

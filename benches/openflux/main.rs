@@ -3,7 +3,7 @@
 //! ratio of the two; docs/benchmarks.md explains each figure.
 //!
 //! ```text
-//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,siblings,webhook,admission,mirror,e2e,pods]
+//! cargo bench --bench openflux -- [--quick] [--json FILE] [--only parse,siblings,webhook,admission,mirror,e2e,pods,previous]
 //!     [--mirror-sizes 100,1000,5000] [--samples 200] [--e2e-samples 5] [--pod-sizes 5000]
 //! ```
 //!
@@ -35,6 +35,7 @@ mod options;
 mod parse;
 mod plot;
 mod pods;
+mod previous;
 mod process;
 mod report;
 mod siblings;
@@ -155,6 +156,10 @@ fn main() -> ExitCode {
                         Section::E2e => {
                             let wait = !options.quick;
                             e2e::run(env, options.e2e_samples, wait, &mut report).await
+                        }
+                        Section::Previous => {
+                            let commit = options.previous_commit.as_deref();
+                            previous::run(env, &options.webhook, commit, &mut report).await
                         }
                         Section::Parse | Section::Siblings | Section::Webhook | Section::Pods => {
                             Ok(())

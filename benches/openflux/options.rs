@@ -12,7 +12,9 @@ usage: cargo bench --bench openflux -- [options]
 
   --quick                 small sizes and short runs (a smoke check, seconds)
   --json FILE             also write the figures as JSON to FILE
-  --only LIST             sections to run, of: parse,webhook,admission,mirror,e2e,pods (default: all)
+  --only LIST             sections to run, of: parse,siblings,webhook,admission,mirror,e2e,pods
+                          (default: all of these) and previous (only when named: it builds
+                          two releases)
   --mirror-sizes LIST     numbers of GitRepositories (default 100,1000,5000)
   --pod-sizes LIST        numbers of GitRepositories mirrored by openflux installed as Pods
                           on the nodes cell (default 5000)
@@ -27,6 +29,9 @@ usage: cargo bench --bench openflux -- [options]
   --webhook-profile N     only the webhook's in-process router phase, N requests each
                           (openflux, then the constant answer), for a profiler
   --webhook-log-level L   log filter of the webhook, as openflux run --log-level (default info)
+  --previous-commit REV   the release the previous section compares with (default
+                          OPENFLUX_PREVIOUS_RELEASE of e2e/versions.env)
+  --rounds N              rounds of the webhook and previous sections (default 2; 1 quick)
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +43,9 @@ pub enum Section {
     Mirror,
     E2e,
     Pods,
+    /// This tree's webhook against a previous release's; run only when
+    /// named in `--only`.
+    Previous,
 }
 
 impl Section {
@@ -50,8 +58,9 @@ impl Section {
             "mirror" => Section::Mirror,
             "e2e" | "end-to-end" => Section::E2e,
             "pods" => Section::Pods,
+            "previous" => Section::Previous,
             other => {
-                bail!("unknown section {other:?} (parse, siblings, webhook, admission, mirror, e2e, pods)")
+                bail!("unknown section {other:?} (parse, siblings, webhook, admission, mirror, e2e, pods, previous)")
             }
         })
     }
@@ -68,6 +77,9 @@ pub struct Options {
     /// Numbers of sources of the `pods` section.
     pub pod_sizes: Vec<usize>,
     pub webhook: WebhookParams,
+    /// The commit the `previous` section compares with (default: the
+    /// previous release of e2e/versions.env).
+    pub previous_commit: Option<String>,
 }
 
 /// Parameters of the webhook benchmark.
@@ -144,6 +156,7 @@ pub fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             log_level: "info".to_string(),
             profile: None,
         },
+        previous_commit: None,
     };
     let mut mode = TestMode::Run;
     let mut filters = Vec::new();
@@ -179,6 +192,8 @@ pub fn parse_args(args: Vec<String>) -> anyhow::Result<(Options, TestMode)> {
             "--connections" => o.webhook.connections = value(&mut it)?.parse()?,
             "--webhook-log-level" => o.webhook.log_level = value(&mut it)?,
             "--webhook-profile" => o.webhook.profile = Some(value(&mut it)?.parse()?),
+            "--previous-commit" => o.previous_commit = Some(value(&mut it)?),
+            "--rounds" => o.webhook.rounds = value(&mut it)?.parse()?,
             "-h" | "--help" if bench => {
                 print!("{USAGE}");
                 std::process::exit(0);

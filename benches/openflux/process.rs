@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ pub struct Openflux {
     child: Option<Child>,
     pub pid: u32,
     pub metrics_addr: SocketAddr,
+    /// Where it serves the webhook (loopback).
+    pub webhook_addr: SocketAddr,
     pub log: PathBuf,
     /// When the process was started.
     pub started: Instant,
@@ -26,6 +28,17 @@ impl Openflux {
     /// Starts `openflux run` with `args` against the bench cluster; does not
     /// wait for it (see [`Openflux::wait_serving`]).
     pub fn spawn(env: &Env, name: &str, args: &[String]) -> anyhow::Result<Self> {
+        Self::spawn_binary(env, &binary(), name, args)
+    }
+
+    /// [`Openflux::spawn`] of the binary at `binary` (another build of
+    /// openflux, taking the same flags).
+    pub fn spawn_binary(
+        env: &Env,
+        binary: &Path,
+        name: &str,
+        args: &[String],
+    ) -> anyhow::Result<Self> {
         let metrics_addr = free_addr();
         let health_addr = free_addr();
         // Every `openflux run` serves the webhook too: keep it on loopback.
@@ -33,7 +46,7 @@ impl Openflux {
         let log = std::env::temp_dir().join(format!("{}.log", unique_name(name)));
         let out = std::fs::File::create(&log).context("creating the openflux log")?;
         let err = out.try_clone()?;
-        let mut cmd = Command::new(binary());
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg(format!("--metrics-addr={metrics_addr}"))
             .arg(format!("--health-addr={health_addr}"))
@@ -53,6 +66,7 @@ impl Openflux {
             pid: child.id(),
             child: Some(child),
             metrics_addr,
+            webhook_addr,
             log,
             started,
         })

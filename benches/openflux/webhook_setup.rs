@@ -29,7 +29,7 @@ use crate::WebhookParams;
 
 /// A recorded AdmissionReview: CREATE of a Kustomization referencing
 /// `HttpSource apps/web` (sources.openflux.dev/v1alpha1).
-const RECORDED: &str =
+pub const RECORDED: &str =
     include_str!("../../tests/fixtures/admission/kustomization-create-custom.json");
 /// The custom source kind of the index: apiVersion and kind.
 pub const HTTP_SOURCE: (&str, &str) = ("sources.openflux.dev/v1alpha1", "HttpSource");

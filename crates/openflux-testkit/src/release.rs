@@ -286,10 +286,41 @@ pub fn index_platforms(reference: &str) -> Vec<String> {
 
 static PREVIOUS: OnceLock<Bundle> = OnceLock::new();
 
+/// A clone of this repository checked out at `commit` (40 hex digits),
+/// in `base`, named by the commit's first 12 digits; made once, then kept.
+pub fn checkout_at(commit: &str, base: &Path) -> PathBuf {
+    let tree = base.join(&commit[..12]);
+    if !tree.join(".git").exists() {
+        // Cloned and checked out aside, then moved in whole: a run cut
+        // short leaves no half tree to build from.
+        std::fs::create_dir_all(base)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", base.display()));
+        let aside = base.join(format!(".{}.{}", &commit[..12], std::process::id()));
+        let _ = std::fs::remove_dir_all(&aside);
+        run(
+            "git clone of this repository",
+            Command::new("git")
+                .args(["clone", "--quiet", "--no-checkout"])
+                .arg(workspace_root())
+                .arg(&aside),
+        );
+        run(
+            &format!("git checkout of {commit} (a clone with full history is needed)"),
+            Command::new("git")
+                .arg("-C")
+                .arg(&aside)
+                .args(["checkout", "--quiet", "--detach", commit]),
+        );
+        std::fs::rename(&aside, &tree)
+            .unwrap_or_else(|e| panic!("moving {} to {}: {e}", aside.display(), tree.display()));
+    }
+    tree
+}
+
 /// Where builds of fixed inputs stay between runs and clones: the e2e
 /// build cache of e2e/cluster (`OPENFLUX_E2E_CACHE`, by default
 /// `${XDG_CACHE_HOME:-$HOME/.cache}/openflux-e2e`).
-fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("OPENFLUX_E2E_CACHE") {
         return PathBuf::from(dir);
     }
@@ -317,33 +348,8 @@ fn cache_root() -> PathBuf {
 pub fn previous_bundle(env: &Env) -> &'static Bundle {
     PREVIOUS.get_or_init(|| {
         let commit = previous_commit();
-        let root = workspace_root();
         let base = cache_root().join("previous-release");
-        let tree = base.join(&commit[..12]);
-        if !tree.join(".git").exists() {
-            // Cloned and checked out aside, then moved in whole: a run cut
-            // short leaves no half tree to build from.
-            std::fs::create_dir_all(&base).expect("the previous release's dir");
-            let aside = base.join(format!(".{}.{}", &commit[..12], std::process::id()));
-            let _ = std::fs::remove_dir_all(&aside);
-            run(
-                "git clone of this repository for the previous release",
-                Command::new("git")
-                    .args(["clone", "--quiet", "--no-checkout"])
-                    .arg(&root)
-                    .arg(&aside),
-            );
-            run(
-                "git checkout of the previous release (a clone with full history is needed)",
-                Command::new("git")
-                    .arg("-C")
-                    .arg(&aside)
-                    .args(["checkout", "--quiet", "--detach", &commit]),
-            );
-            std::fs::rename(&aside, &tree).unwrap_or_else(|e| {
-                panic!("moving {} to {}: {e}", aside.display(), tree.display())
-            });
-        }
+        let tree = checkout_at(&commit, &base);
         let target = base.join("target");
         let registry = format!("{}/previous", registry(env));
         release_and_publish(
