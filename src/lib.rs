@@ -15,6 +15,7 @@ pub mod locks;
 pub mod mirror;
 pub mod names;
 pub mod policy;
+pub mod registration;
 pub mod rewrite;
 pub mod runtime;
 pub mod shard;

@@ -139,7 +139,10 @@ pub fn run(quick: bool, report: &mut Report) -> anyhow::Result<()> {
         let ours = review::parse(&body).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
         let kept = kube_parse(&body).map(|object| {
             use serde::de::DeserializeSeed;
-            review::prune::Pruned(review::prune::object_keep()).deserialize(object)
+            openflux::rewrite::admission::prune::Pruned(
+                openflux::rewrite::admission::prune::object_keep(),
+            )
+            .deserialize(object)
         });
         if ours.object != kept.transpose().ok().flatten() {
             report.note(format!(

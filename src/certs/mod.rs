@@ -12,6 +12,7 @@
 //! [`stored`]); the leader also removes from the webhook configurations
 //! the CAs that left the Secret ([`retire`]).
 
+pub mod cabundle;
 pub mod command;
 pub mod keeper;
 pub mod material;

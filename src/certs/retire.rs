@@ -2,7 +2,7 @@
 //!
 //! Every replica adds the CA bundle it serves to each entry of the
 //! configurations and removes nothing
-//! ([`keep_injected`](crate::webhook::cabundle::keep_injected)), so that a
+//! ([`keep_injected`](crate::certs::cabundle::keep_injected)), so that a
 //! replica that has not yet seen a rotated Secret stays trusted. What left
 //! the Secret's trusted bundle (an expired CA pruned, or the CA of a deleted
 //! Secret) is removed by the leader that keeps the Secret: once a

@@ -9,7 +9,7 @@
 //!   ([`renew::keep`](super::renew::keep)).
 //!
 //! The CA bundle each replica loads goes into the webhook configurations
-//! through [`crate::webhook::cabundle`], as for any other certificate
+//! through [`crate::certs::cabundle`], as for any other certificate
 //! source.
 
 use std::collections::BTreeMap;

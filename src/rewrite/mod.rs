@@ -3,8 +3,10 @@
 //!
 //! [`decide`] is a pure function of one consumer object, the owner index
 //! and the options; it knows nothing of admission requests. The mutating
-//! webhook ([`crate::webhook::mutate`]) and the consumer re-pointer
-//! ([`crate::consumers::repoint`]) are thin adapters over it. A reference
+//! webhook's decision ([`mutate`]) and the consumer re-pointer
+//! ([`crate::consumers::repoint`]) are thin adapters over it; the
+//! validating webhook's ([`validate`]) judges what it wrote and what
+//! consumers name directly. A reference
 //! to a stock Flux source is never changed. A reference to any other kind
 //! is resolved through the owner index and replaced by a reference to the
 //! object openflux exports for it; the reference as the person wrote it is
@@ -37,9 +39,13 @@ use crate::names::identity;
 use crate::policy::Policies;
 use crate::vocabulary::consumers::{is_stock_ref, Consumer, RefField, RefShape};
 
+pub mod admission;
 pub mod decision;
 mod destination;
+pub mod mutate;
 pub mod refs;
+pub mod validate;
+pub mod writer;
 
 pub use decision::{Decision, Options};
 use destination::Resolver;

@@ -1,6 +1,6 @@
 //! Tests of [`decide`] on consumer objects, without an admission request.
 //! The webhook's adapter is tested on recorded AdmissionReviews
-//! (`webhook::mutate`), the re-pointer on its own table
+//! (`rewrite::mutate`), the re-pointer on its own table
 //! (`consumers::repoint`).
 
 use serde_json::{json, Value};

@@ -8,7 +8,7 @@
 //! its kind is one of Flux's source kinds and its `apiVersion` is absent,
 //! empty, or of Flux's source API group. The table of cases in
 //! `tests/fixtures/source-references.json` holds both to it: the decision in
-//! `webhook::mutate` unit tests, the expressions on a real API server in
+//! `rewrite::mutate` unit tests, the expressions on a real API server in
 //! `e2e_policy`.
 
 use crate::api::{StockSource, FLUX_SOURCE_GROUP, STOCK_SOURCES};
@@ -393,7 +393,7 @@ mod tests {
     fn shipped_validating_configurations_follow_the_table() {
         use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
         for file in [
-            "src/webhook/validate/configuration.yaml",
+            "src/registration/validating.yaml",
             "webhook-config/local/validating-webhook.yaml",
         ] {
             let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
@@ -457,7 +457,7 @@ mod tests {
             let rule = &artifacts.rules.as_ref().unwrap()[0];
             for group in rule.api_groups.iter().flatten() {
                 assert!(
-                    crate::webhook::writer::is_artifact_resource(group, "artifacts"),
+                    crate::rewrite::writer::is_artifact_resource(group, "artifacts"),
                     "{file}: {group}"
                 );
             }

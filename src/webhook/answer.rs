@@ -5,10 +5,11 @@
 
 use axum::http::StatusCode;
 
-use super::mutate::decide;
-use super::review::{self, AdmissionRequest, ReviewError};
-use super::validate;
-use super::writer;
+use super::review::{self, ReviewError};
+use crate::rewrite::admission::AdmissionRequest;
+use crate::rewrite::mutate::decide;
+use crate::rewrite::validate;
+use crate::rewrite::writer;
 use crate::rewrite::{Decision, Options, View};
 use crate::vocabulary::consumers;
 

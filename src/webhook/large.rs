@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use axum::body::Bytes;
 use tokio::sync::oneshot;
 
-use super::review::{self, AdmissionRequest, ReviewError};
+use super::review::{self, ReviewError};
+use crate::rewrite::admission::AdmissionRequest;
 
 /// How much nicer than the process the parsing thread runs (the workers
 /// keep the process's own priority).

@@ -13,21 +13,14 @@
 //! MutatingWebhookConfigurations.
 
 pub mod answer;
-pub mod cabundle;
-pub mod configuration;
 mod connection;
-mod consumer;
 pub mod drain;
 pub mod large;
 pub mod limits;
 pub mod metrics;
-pub mod mutate;
 mod refused;
-pub mod registration;
 pub mod review;
 pub mod server;
-pub mod validate;
-pub mod writer;
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -47,9 +40,9 @@ use crate::telemetry::Readiness;
 
 pub use server::Knowledge;
 
+pub use crate::rewrite::mutate::decide;
 pub use crate::rewrite::{Decision, Options};
 pub use metrics::{register, WebhookMetrics};
-pub use mutate::decide;
 
 /// Flags of the webhook, part of `openflux run`.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
@@ -239,7 +232,7 @@ pub async fn serve_on(
         match &cluster {
             Some(cluster) => {
                 use k8s_openapi::api::admissionregistration::v1 as admission;
-                tasks.spawn(cabundle::keep_injected::<
+                tasks.spawn(certs::cabundle::keep_injected::<
                     admission::MutatingWebhookConfiguration,
                 >(
                     cluster.client.clone(),
@@ -247,7 +240,7 @@ pub async fn serve_on(
                     ca_bundle.clone(),
                     stop_rx.clone(),
                 ));
-                tasks.spawn(cabundle::keep_injected::<
+                tasks.spawn(certs::cabundle::keep_injected::<
                     admission::ValidatingWebhookConfiguration,
                 >(
                     cluster.client.clone(),
@@ -263,7 +256,7 @@ pub async fn serve_on(
     }
     if let Some(service) = &args.validating_webhook_service {
         let (cluster, registration) = registration_for(&args, service, cluster.as_ref())?;
-        tasks.spawn(registration::keep(
+        tasks.spawn(crate::registration::keep(
             cluster.client.clone(),
             registration,
             cluster.events.clone(),
@@ -297,7 +290,7 @@ fn registration_for<'a>(
     args: &WebhookArgs,
     service: &str,
     cluster: Option<&'a InCluster>,
-) -> anyhow::Result<(&'a InCluster, registration::Registration)> {
+) -> anyhow::Result<(&'a InCluster, crate::registration::Registration)> {
     let cluster = cluster.context("--validating-webhook-service needs a Kubernetes client")?;
     let namespace = cluster.namespace.clone().context(
         "--validating-webhook-service needs openflux's namespace: pass --namespace or set RUNTIME_NAMESPACE",
@@ -305,7 +298,7 @@ fn registration_for<'a>(
     let configuration = args.webhook_configuration.first().context(
         "--validating-webhook-service needs --webhook-configuration to name the configuration it publishes",
     )?;
-    let registration = registration::Registration {
+    let registration = crate::registration::Registration {
         configuration: configuration.clone(),
         namespace,
         service: service.to_string(),

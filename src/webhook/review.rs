@@ -3,7 +3,7 @@
 //!
 //! Only the fields openflux reads are parsed, in one pass and without a
 //! JSON tree of the whole body: of the objects, only the parts the decision
-//! reads are kept ([`prune`]), as plain JSON, so a JSON patch is computed
+//! reads are kept ([`crate::rewrite::admission::prune`]), as plain JSON, so a JSON patch is computed
 //! against exactly what the API server sent there.
 
 use std::borrow::Cow;
@@ -11,58 +11,12 @@ use std::fmt;
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use serde_json::Value;
 
 mod encode;
-pub mod prune;
 
 pub use encode::{refusal, response, EncodeError, ADMISSION_API_VERSION, ADMISSION_KIND};
 
-/// What an admission request is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
-}
-
-/// A resource as the API server names it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(default)]
-pub struct GroupVersionResource {
-    pub group: String,
-    pub version: String,
-    pub resource: String,
-}
-
-/// The request of an AdmissionReview, as far as openflux reads it.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
-    pub uid: String,
-    pub resource: GroupVersionResource,
-    #[serde(default)]
-    pub sub_resource: Option<String>,
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub namespace: Option<String>,
-    pub operation: Operation,
-    /// The object, with only what the decision reads ([`prune`]).
-    #[serde(default, deserialize_with = "prune::pruned_object")]
-    pub object: Option<Value>,
-    /// The object before an update, pruned alike.
-    #[serde(default, deserialize_with = "prune::pruned_object")]
-    pub old_object: Option<Value>,
-    #[serde(default)]
-    pub dry_run: Option<bool>,
-    /// Who sent the request, as the API server authenticated them: the
-    /// fields openflux reads ([`prune::user_keep`]).
-    #[serde(default, deserialize_with = "prune::pruned_user")]
-    pub user_info: Option<Value>,
-}
+use crate::rewrite::admission::AdmissionRequest;
 
 /// Why a body could not be read as an admission request.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -311,8 +265,9 @@ impl<'de> Deserialize<'de> for RequestUid {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rewrite::admission::Operation;
     use crate::rewrite::Decision;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     const REVIEW: &str = r#"{
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -448,8 +403,8 @@ mod tests {
             policies: &crate::policy::NONE,
         };
         for options in [
-            super::super::Options::default(),
-            super::super::Options {
+            crate::rewrite::Options::default(),
+            crate::rewrite::Options {
                 no_cross_namespace_refs: true,
             },
         ] {
@@ -458,8 +413,8 @@ mod tests {
                     continue;
                 };
                 assert_eq!(
-                    super::super::decide(&pruned, view, &options),
-                    super::super::decide(&whole, view, &options),
+                    crate::rewrite::mutate::decide(&pruned, view, &options),
+                    crate::rewrite::mutate::decide(&whole, view, &options),
                     "{}",
                     String::from_utf8_lossy(&body)
                 );

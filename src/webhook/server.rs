@@ -27,12 +27,13 @@ use super::limits::{
 pub use super::limits::{read_body, BodyError, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use super::metrics::WebhookMetrics;
 use super::refused::Refused;
-use super::review::{self, AdmissionRequest, ReviewError};
+use super::review::{self, ReviewError};
 use crate::cluster::facts::Facts;
 use crate::cluster::survey::Fresh;
 use crate::index::OwnerIndex;
 use crate::locks;
 use crate::policy::Policies;
+use crate::rewrite::admission::AdmissionRequest;
 use crate::rewrite::{Decision, Options, View};
 
 const JSON: header::HeaderValue = header::HeaderValue::from_static("application/json");

@@ -27,7 +27,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::{Api, Resource, ResourceExt};
-use openflux::webhook::configuration::{self, Target, Write};
+use openflux::registration::configuration::{self, Target, Write};
 use serde_json::{json, Value};
 use support::identity::openflux_client;
 use support::{cluster, wait_for, Cell, Env, TIMEOUT};
@@ -1004,8 +1004,8 @@ async fn published_validating_webhook(env: &Env) -> ValidatingWebhookConfigurati
 /// openflux) or changing an entry's rules is refused, and so is creating a
 /// ValidatingWebhookConfiguration of another name, or `openflux` with
 /// another entry. What openflux writes passes: the CA bundle patch of
-/// `webhook::cabundle`, and the validating configuration
-/// `webhook::registration` creates or writes over an earlier release's.
+/// `certs::cabundle`, and the validating configuration
+/// `registration` creates or writes over an earlier release's.
 /// Dry runs all: the configurations the tests make under openflux's names
 /// match no object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1085,7 +1085,7 @@ pub(crate) async fn openflux_changes_only_the_ca_bundles_of_its_webhook_configur
         .await
         .expect("reading the configuration as openflux");
     let patch =
-        openflux::webhook::cabundle::ca_bundle_patch(&current, &ca).expect("a CA bundle to write");
+        openflux::certs::cabundle::ca_bundle_patch(&current, &ca).expect("a CA bundle to write");
     mutating
         .patch("openflux", &dry, &Patch::Json::<()>(patch))
         .await
@@ -1168,7 +1168,7 @@ pub(crate) async fn openflux_changes_only_the_ca_bundles_of_its_webhook_configur
             .replace("openflux", &dry_post, &over)
             .await
             .expect("openflux writing its ValidatingWebhookConfiguration over an earlier one");
-        let patch = openflux::webhook::cabundle::ca_bundle_patch(&current, &ca)
+        let patch = openflux::certs::cabundle::ca_bundle_patch(&current, &ca)
             .expect("a CA bundle to write");
         validating
             .patch("openflux", &dry, &Patch::Json::<()>(patch))

@@ -24,7 +24,7 @@ const FLOORS: &[&[&str]] = &[
     &["locks", "shard"],
     &["names", "telemetry"],
     &["vocabulary", "watch"],
-    &["certs", "cluster", "index"],
+    &["certs", "cluster", "index", "registration"],
     &["control"],
     &["mirror", "adopt"],
     &["export", "policy"],

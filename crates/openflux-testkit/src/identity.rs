@@ -264,7 +264,7 @@ mod tests {
     /// (`webhook-config/registration-policy.yaml`) lets openflux's identity
     /// create, or write over, only the ValidatingWebhookConfiguration it
     /// publishes, with exactly the entries it ships: its variable `shipped`
-    /// is the template's entries (`src/webhook/validate/configuration.yaml`)
+    /// is the template's entries (`src/registration/validating.yaml`)
     /// without their clientConfig, and the clientConfig is held to the
     /// template's Service and path. It judges the identity the other
     /// policies judge.
@@ -296,7 +296,7 @@ mod tests {
                 .unwrap_or_else(|| panic!("no variable {name}"))
                 .to_string()
         };
-        let template = read("src/webhook/validate/configuration.yaml").remove(0);
+        let template = read("src/registration/validating.yaml").remove(0);
         let mut entries = template["webhooks"].clone();
         let mut services = Vec::new();
         for entry in entries.as_array_mut().unwrap() {
@@ -311,7 +311,7 @@ mod tests {
             serde_json::from_str::<Value>(&without_dyn(&variable("shipped")))
                 .expect("the variable shipped is JSON once its dyn() are taken off"),
             entries,
-            "the policy's shipped entries are not src/webhook/validate/configuration.yaml's"
+            "the policy's shipped entries are not src/registration/validating.yaml's"
         );
         let shipped = variable("asShipped");
         for service in services {
@@ -347,7 +347,7 @@ mod tests {
     }
 
     /// The validating configuration openflux publishes is owned by its
-    /// ClusterRole (`src/webhook/registration.rs`, `OWNER`), so the garbage
+    /// ClusterRole (`src/registration/mod.rs`, `OWNER`), so the garbage
     /// collector deletes it when an uninstall removes that ClusterRole: the
     /// policy on webhook configurations admits that owner and no other
     /// (not the Artifact CRD, which an uninstall keeps), and the shipped
@@ -356,15 +356,12 @@ mod tests {
     #[test]
     fn the_validating_configuration_is_owned_by_openfluxs_cluster_role() {
         let root = crate::workspace_root();
-        let registration =
-            std::fs::read_to_string(root.join("src/webhook/registration.rs")).unwrap();
+        let registration = std::fs::read_to_string(root.join("src/registration/mod.rs")).unwrap();
         let owner = registration
             .lines()
             .find_map(|l| l.strip_prefix("pub const OWNER: &str = \""))
             .and_then(|rest| rest.strip_suffix("\";"))
-            .expect(
-                "src/webhook/registration.rs names the ClusterRole that owns the configuration",
-            );
+            .expect("src/registration/mod.rs names the ClusterRole that owns the configuration");
         let docs = shipped_rbac();
         assert!(
             docs.iter()

@@ -21,13 +21,13 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::admission::{AdmissionRequest, Operation};
 use crate::adopt::plan::OPEN_FLUX_GROUPS;
 use crate::api::{ArtifactSpec, GROUP};
 use crate::export::trust::{Writer, EXPORT_INPUTS};
 use crate::rewrite::Decision;
 use crate::vocabulary::marks::WRITER_ANNOTATION;
 use crate::watch::depth::{DECODER_DEPTH, MANAGED_FIELDS_DEPTH, MAX_DEPTH};
-use crate::webhook::review::{AdmissionRequest, Operation};
 
 /// Whether the API group and resource are an Artifact API openflux reads.
 pub fn is_artifact_resource(group: &str, resource: &str) -> bool {
@@ -229,9 +229,9 @@ pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rewrite::admission::prune::{object_keep, Pruned};
+    use crate::rewrite::admission::GroupVersionResource;
     use crate::vocabulary::marks::{ADOPTED_FROM_LABEL, ADOPTED_WRITER_ANNOTATION};
-    use crate::webhook::review::prune::{object_keep, Pruned};
-    use crate::webhook::review::GroupVersionResource;
     use serde_json::json;
 
     fn request(group: &str, object: Value, user: Option<Value>) -> AdmissionRequest {

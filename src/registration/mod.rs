@@ -1,8 +1,8 @@
 //! Keeps openflux's ValidatingWebhookConfiguration published while this
 //! replica leads (`--validating-webhook-service`): created once a ready
 //! endpoint of the Service serves `/validate`, written again when deleted or
-//! changed ([`super::configuration`] says why openflux writes it). The CA
-//! bundles in it are then kept by [`super::cabundle`]. Failures are logged,
+//! changed ([`configuration`] says why openflux writes it). The CA
+//! bundles in it are then kept by [`crate::certs::cabundle`]. Failures are logged,
 //! put in an Event on the Service and retried with backoff; they never stop
 //! the webhook.
 //!
@@ -30,10 +30,12 @@ use kube::Resource;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::configuration::{self, Target, Write};
 use crate::api::runtime::retry::Backoff;
 use crate::api::runtime::{EventRecorder, FluxEvent};
 use crate::watch::retry::retrying;
+use configuration::{Target, Write};
+
+pub mod configuration;
 
 const REASON_FAILED: &str = "ValidatingWebhookFailed";
 const REASON_PUBLISHED: &str = "ValidatingWebhookPublished";

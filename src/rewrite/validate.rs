@@ -15,8 +15,7 @@
 use json_patch::Patch;
 use serde_json::Value;
 
-use super::consumer::{self, Webhook};
-use super::review::AdmissionRequest;
+use super::admission::{AdmissionRequest, Webhook};
 use super::writer;
 use crate::policy::{self, candidates, candidates::Reading};
 use crate::rewrite::refs::{locate, SourceRef};
@@ -30,7 +29,7 @@ pub fn decide(request: &AdmissionRequest, view: View<'_>, options: &Options) -> 
     if let Some(decision) = writer::judge(request) {
         return decision;
     }
-    let input = match consumer::read(request, Webhook::Validating) {
+    let input = match request.consumer(Webhook::Validating) {
         Ok(Some(input)) => input,
         Ok(None) => return Decision::Unchanged,
         Err(stop) => return stop,
@@ -58,7 +57,7 @@ pub fn check_rewrite(
     view: View<'_>,
     options: &Options,
 ) -> Option<Decision> {
-    let input = consumer::read(request, Webhook::Mutating).ok()??;
+    let input = request.consumer(Webhook::Mutating).ok()??;
     if input.namespace.is_empty() {
         return None;
     }

@@ -16,7 +16,7 @@
 //! itself being level 1), and an object or list at that level is kept
 //! empty. An object kept so nests deeper than any object openflux's
 //! controllers can decode, which the decision refuses for an Artifact
-//! ([`crate::webhook::writer`]); without the cut serde_json would stop at
+//! ([`crate::rewrite::writer`]); without the cut serde_json would stop at
 //! its own limit (counted from the AdmissionReview, two levels above the
 //! object) and the request could not be read at all.
 

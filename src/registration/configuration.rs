@@ -1,7 +1,7 @@
 //! The ValidatingWebhookConfiguration openflux publishes for itself when it
 //! runs behind a Service (`--validating-webhook-service`). Pure.
 //!
-//! Its entries come from `validate/configuration.yaml` (one per consumer
+//! Its entries come from `validating.yaml` (one per consumer
 //! kind, kept in step with the consumer table by a test), pointed at the
 //! Service's port named by `--validating-webhook-port`. That port targets,
 //! by name, a container port only Pods that serve `/validate` declare, so
@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::ByteString;
 use serde_json::Value;
 
-const TEMPLATE: &str = include_str!("validate/configuration.yaml");
+const TEMPLATE: &str = include_str!("validating.yaml");
 
 /// Where the API server calls openflux's `/validate`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,7 +105,7 @@ pub enum Write {
 }
 
 /// The write that makes `current` hold `desired`. CA bundles are the CA
-/// bundle keeper's ([`super::cabundle`]): a new configuration starts with
+/// bundle keeper's ([`crate::certs::cabundle`]): a new configuration starts with
 /// `ours`, a replaced entry keeps the bundle it had.
 pub fn plan(
     current: Option<&ValidatingWebhookConfiguration>,
