@@ -5,6 +5,7 @@
 //! ([`repoint`]), with no action from the user.
 
 mod repointer;
+pub mod wake;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -22,13 +23,12 @@ use crate::consumers::references::{ConsumerKey, Entry, References};
 use crate::consumers::repoint::{repoint, ObjectKey};
 use crate::control::{Context, Error, Referrals};
 use crate::locks;
-use crate::rewrite::View;
+use crate::rewrite::{Options, View};
 use crate::telemetry::Readiness;
 use crate::vocabulary::consumers::{Consumer, CONSUMERS};
 use crate::watch::change::Change;
 use crate::watch::run::Watch;
 use crate::watch::{keep_all, Scope};
-use crate::webhook::Options;
 
 /// A consumer openflux should look at again.
 pub type Look = (&'static Consumer, String, String);
@@ -137,20 +137,6 @@ impl Consumers {
         locks::read(&self.watched)
             .get(consumer.kind)
             .map(|(_, store)| store.state())
-    }
-
-    /// Every consumer of every watched kind.
-    pub fn everyone(&self) -> Vec<Look> {
-        let mut all = Vec::new();
-        for (kind, (_, store)) in locks::read(&self.watched).iter() {
-            let Some(consumer) = CONSUMERS.iter().find(|c| c.kind == *kind) else {
-                continue;
-            };
-            for o in store.state() {
-                all.push((consumer, o.namespace().unwrap_or_default(), o.name_any()));
-            }
-        }
-        all
     }
 
     /// Re-points one consumer if its target changed: patches its

@@ -172,9 +172,6 @@ impl Controllers {
                     self.start_discovery();
                     self.follow_targets();
                     self.wake_everything();
-                    for look in self.consumers.everyone() {
-                        let _ = self.look.unbounded_send(look);
-                    }
                 }
                 Some(freed) = self.freed.1.next() => self.wake_owners_of(&freed),
                 batch = wakes.recv() => self.wake(&batch),

@@ -86,6 +86,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("cluster::gate", Layer::Shell),
     ("consumers::controller", Layer::Shell),
     ("consumers::controller::repointer", Layer::Shell),
+    ("consumers::controller::wake", Layer::Shell),
     ("mirror", Layer::Shell),
     ("mirror::backlog", Layer::Shell),
     ("mirror::runner", Layer::Shell),

@@ -1,8 +1,9 @@
 //! Where the leader sends each wake: to the controller it names, through
 //! that controller's wake handle ([`crate::export::Waker`],
-//! [`crate::mirror::Waker`]).
+//! [`crate::mirror::Waker`], [`crate::consumers::controller::wake::Waker`]).
 
 use super::Controllers;
+use crate::consumers::controller as consumers;
 use crate::consumers::repoint::ObjectKey;
 use crate::control::WakeHandle;
 use crate::export::release;
@@ -58,11 +59,16 @@ impl Controllers {
         }
     }
 
-    /// Wakes every controller for every object it keeps.
+    /// Wakes every controller for every object it keeps: the export, the
+    /// mirrors and the re-pointing of the consumers.
     pub(super) fn wake_everything(&self) {
+        let consumers = consumers::wake::Waker {
+            consumers: self.consumers.clone(),
+            look: self.look.clone(),
+        };
         let export = self.export.iter().map(|e| &e.wake as &dyn WakeHandle);
         let mirrors = self.mirrors.values().map(|m| m as &dyn WakeHandle);
-        for controller in export.chain(mirrors) {
+        for controller in export.chain(mirrors).chain([&consumers as &dyn WakeHandle]) {
             controller.every();
         }
     }
