@@ -305,7 +305,9 @@ build_binary() {
   esac
   start=$(date +%s)
   say "building $name [$progress] ($pkg in e2e/go/$w) ..."
-  heartbeat "$name [$progress]" "$start" &
+  # Without the lock's descriptor: a heartbeat's sleep outlives the kill
+  # below, and would hold the lock for up to 30 s more.
+  heartbeat "$name [$progress]" "$start" 8>&- &
   HEARTBEAT_PID=$!
   (cd "$E2E_DIR/go/$w" &&
     go_env env CGO_ENABLED=$cgo go build -p "$GO_PARALLEL" -trimpath -ldflags "$ldflags" "${args[@]}" -o "$tmp/$name" "$pkg") || rc=$?
@@ -513,7 +515,7 @@ flux_operator() {
     go127_env go mod edit -replace="github.com/controlplaneio-fluxcd/flux-operator=$tmp/flux-operator" "$tmp/go.mod"
     start=$(date +%s)
     say "building flux-operator $FLUX_OPERATOR_VERSION with $GO_1_27_TOOLCHAIN (a cold build takes tens of minutes on 2 cores) ..."
-    heartbeat "flux-operator" "$start" &
+    heartbeat "flux-operator" "$start" 8>&- &
     HEARTBEAT_PID=$!
     (cd "$E2E_DIR/go/$w" &&
       go127_env go build -p "$GO_PARALLEL" -trimpath -ldflags "-s -w -X main.VERSION=${FLUX_OPERATOR_VERSION#v}" \
