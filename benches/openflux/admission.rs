@@ -13,30 +13,35 @@
 //!   a configuration for a second namespace; every create names a
 //!   GitRepository, valid as sent;
 //! - no webhook: the same creates in a third namespace no webhook is
-//!   called for.
+//!   called for;
+//! - patching baseline: the least a webhook that rewrites does (read the
+//!   request's uid and name, answer openflux's own patch for that create,
+//!   computed before the run), behind a configuration for a fourth
+//!   namespace; every create names a custom source, as openflux's do. The
+//!   API server applies the same patch as for openflux, so the difference
+//!   between the two is openflux's own cost, and the difference between
+//!   this one and the allowing baseline the API server's cost of a patch.
 //!
 //! Beside the client's view, the API server's own account of each call to
-//! the two webhooks: `apiserver_admission_webhook_admission_duration_seconds`.
+//! the three webhooks: `apiserver_admission_webhook_admission_duration_seconds`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use base64::Engine as _;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::core::DynamicObject;
-use openflux::webhook::server::{router, MAX_BODY_BYTES, MUTATE_PATH};
+use openflux::webhook::server::{router, MUTATE_PATH};
 use serde_json::json;
 use tokio::sync::watch;
+
+mod baselines;
+
+use baselines::{allowing_router, patches_of, patching_router};
 
 use crate::cluster;
 use crate::observe::string_at;
@@ -58,6 +63,7 @@ enum Path {
     Openflux = 0,
     Baseline = 1,
     NoWebhook = 2,
+    Patching = 3,
 }
 
 pub async fn run(
@@ -71,11 +77,12 @@ pub async fn run(
         env.namespace("bench-admit").await,
         env.namespace("bench-admit-base").await,
         env.namespace("bench-admit-none").await,
+        env.namespace("bench-admit-patch").await,
     ];
-    let [of_ns, base_ns, none_ns] = namespaces.each_ref().map(|n| n.name().to_string());
+    let [of_ns, base_ns, none_ns, patch_ns] = namespaces.each_ref().map(|n| n.name().to_string());
     let result = measure(
         env,
-        [&of_ns, &base_ns, &none_ns],
+        [&of_ns, &base_ns, &none_ns, &patch_ns],
         requests,
         rounds,
         in_flight,
@@ -90,6 +97,7 @@ pub async fn run(
     report.param("admission.rounds", rounds);
     report.param("admission.in_flight", in_flight);
     let (t_of, t_base, t_none) = (mean(&m.rate[0]), mean(&m.rate[1]), mean(&m.rate[2]));
+    let t_patch = mean(&m.rate[3]);
     report.push(
         Figure::new(
             SECTION,
@@ -102,12 +110,40 @@ pub async fn run(
     report.push(
         Figure::new(SECTION, "creates per second, vs. no webhook", "req/s", t_of).baseline(t_none),
     );
+    report.push(
+        Figure::new(
+            SECTION,
+            "creates per second, vs. a webhook answering the same patch",
+            "req/s",
+            t_of,
+        )
+        .baseline(t_patch),
+    );
+    report.push(
+        Figure::new(
+            SECTION,
+            "a webhook answering the same patch: creates per second, vs. an allowing webhook",
+            "req/s",
+            t_patch,
+        )
+        .baseline(t_base),
+    );
     let (of, base) = (
         summarize(m.latency[0].clone()),
         summarize(m.latency[1].clone()),
     );
     report.push(Figure::new(SECTION, "create p50 latency", "ms", of.p50).baseline(base.p50));
     report.push(Figure::new(SECTION, "create p99 latency", "ms", of.p99).baseline(base.p99));
+    let patching = summarize(m.latency[3].clone());
+    report.push(
+        Figure::new(
+            SECTION,
+            "create p99 latency, vs. a webhook answering the same patch",
+            "ms",
+            of.p99,
+        )
+        .baseline(patching.p99),
+    );
     report.push(
         Figure::new(
             SECTION,
@@ -117,6 +153,15 @@ pub async fn run(
         )
         .baseline(m.call_mean[1]),
     );
+    report.push(
+        Figure::new(
+            SECTION,
+            "the API server's webhook call, mean, vs. a webhook answering the same patch",
+            "ms",
+            m.call_mean[0],
+        )
+        .baseline(m.call_mean[2]),
+    );
     let none = summarize(m.latency[2].clone());
     report.note(format!(
         "{SECTION}: no webhook, p50 {:.3} ms, p99 {:.3} ms per create",
@@ -125,18 +170,19 @@ pub async fn run(
     Ok(())
 }
 
-/// Per path (openflux, baseline, no webhook): creates per second of each
-/// round, every create's latency (ms); the API server's mean call (ms) to
-/// each of the two webhooks.
+/// Per path (openflux, baseline, no webhook, patching baseline): creates
+/// per second of each round, every create's latency (ms); the API server's
+/// mean call (ms) to each of the three webhooks (openflux, baseline,
+/// patching baseline).
 struct Measured {
-    rate: [Vec<f64>; 3],
-    latency: [Vec<f64>; 3],
-    call_mean: [f64; 2],
+    rate: [Vec<f64>; 4],
+    latency: [Vec<f64>; 4],
+    call_mean: [f64; 3],
 }
 
 async fn measure(
     env: &Env,
-    [of_ns, base_ns, none_ns]: [&str; 3],
+    [of_ns, base_ns, none_ns, patch_ns]: [&str; 4],
     requests: usize,
     rounds: usize,
     in_flight: usize,
@@ -144,14 +190,18 @@ async fn measure(
     let (_keeper, tls, ca) = loopback_tls()?;
     let (state, _) = state_for(&[of_ns.to_string()]);
     let (stop, stopped) = watch::channel(false);
-    let (of_addr, _) = serve_loopback(tls.clone(), router(state), stopped.clone()).await?;
-    let (base_addr, _) = serve_loopback(tls, allowing_router(), stopped).await?;
+    let openflux = router(state);
+    let patches = Arc::new(patches_of(&openflux, of_ns).await?);
+    let (of_addr, _) = serve_loopback(tls.clone(), openflux, stopped.clone()).await?;
+    let (base_addr, _) = serve_loopback(tls.clone(), allowing_router(), stopped.clone()).await?;
+    let (patch_addr, _) = serve_loopback(tls, patching_router(patches), stopped).await?;
     let hooks = [
         register(env, "openflux", of_ns, of_addr, &ca).await?,
         register(env, "baseline", base_ns, base_addr, &ca).await?,
+        register(env, "patching", patch_ns, patch_addr, &ca).await?,
     ];
     let result = async {
-        let apis = [of_ns, base_ns, none_ns]
+        let apis = [of_ns, base_ns, none_ns, patch_ns]
             .map(|ns| cluster::api(&env.client, ns, &cluster::kustomizations()));
         let bodies = |path| (0..requests).map(move |i| kustomization(path, i));
         // openflux's patch is applied before the create is answered: wait
@@ -176,9 +226,14 @@ async fn measure(
         let mut m = Measured {
             rate: Default::default(),
             latency: Default::default(),
-            call_mean: [f64::NAN; 2],
+            call_mean: [f64::NAN; 3],
         };
-        let paths = [Path::Openflux, Path::Baseline, Path::NoWebhook];
+        let paths = [
+            Path::Openflux,
+            Path::Baseline,
+            Path::NoWebhook,
+            Path::Patching,
+        ];
         for round in 0..rounds {
             let mut order = paths;
             if round % 2 == 1 {
@@ -210,36 +265,6 @@ async fn measure(
         let _ = api.delete(hook, &DeleteParams::default()).await;
     }
     result
-}
-
-/// The least a webhook the API server accepts does: answer "allowed" for
-/// the request's uid (the API server refuses an answer for another uid).
-fn allowing_router() -> Router {
-    #[derive(serde::Deserialize)]
-    struct Review<'a> {
-        #[serde(borrow)]
-        request: Request<'a>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Request<'a> {
-        #[serde(borrow)]
-        uid: std::borrow::Cow<'a, str>,
-    }
-    async fn allow(body: Bytes) -> Response {
-        match serde_json::from_slice::<Review>(&body) {
-            Ok(review) => {
-                let answer = json!({
-                    "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                    "response": {"uid": review.request.uid, "allowed": true},
-                });
-                ([(CONTENT_TYPE, "application/json")], answer.to_string()).into_response()
-            }
-            Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
-        }
-    }
-    Router::new()
-        .route(MUTATE_PATH, post(allow))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
 /// Registers a mutating webhook `<who>.bench.openflux.dev` for
@@ -295,7 +320,7 @@ fn dry_run() -> PostParams {
 fn kustomization(path: Path, i: usize) -> DynamicObject {
     let source = format!("src-{:03}", i % SOURCES_PER_NAMESPACE);
     let source_ref = match path {
-        Path::Openflux => {
+        Path::Openflux | Path::Patching => {
             json!({"apiVersion": HTTP_SOURCE.0, "kind": HTTP_SOURCE.1, "name": source})
         }
         Path::Baseline | Path::NoWebhook => json!({"kind": "GitRepository", "name": source}),
