@@ -22,21 +22,67 @@
 //! a controller: each keeps its own state, and what one tells another is
 //! a value of a floor below both.
 
-mod context;
 pub mod looks;
 mod memo;
 
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::FutureExt as _;
+use kube::api::PatchParams;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client};
 
-pub use context::{apply_params, Context};
 pub use memo::{hash_of, WriteMemo, MEMO_LIMIT};
 
-use crate::api::runtime::{panics, ReconcileResult, Retries};
+use crate::api::runtime::{panics, EventRecorder, ReconcileResult, Retries, RetryArgs};
+use crate::api::{Artifact, FIELD_MANAGER};
+use crate::cluster::facts::Facts;
+use crate::index::OwnerIndex;
+use crate::shard::Shard;
+use crate::telemetry::Metrics;
+use crate::watch::decoded::Rejects;
+use crate::watch::ListTurns;
+
+/// State every reconcile of the leader's controllers shares, built once
+/// when openflux starts.
+pub struct Context {
+    pub client: Client,
+    /// All Artifacts in the watched namespaces, as the Artifact watch keeps them.
+    pub artifacts: Store<Artifact>,
+    pub index: Arc<RwLock<OwnerIndex>>,
+    pub metrics: Metrics,
+    pub memo: WriteMemo,
+    /// Kubernetes Events, and with `--events-addr` the same posted to
+    /// notification-controller.
+    pub events: EventRecorder,
+    /// The export targets, as the survey decided them.
+    pub facts: Arc<RwLock<Facts>>,
+    /// Which Artifacts, sources and consumers this replica's controllers
+    /// reconcile (`--watch-label-selector`; all without one).
+    pub shard: Shard,
+    /// How a failed reconcile is retried (`--min-retry-delay`,
+    /// `--max-retry-delay`).
+    pub retry: RetryArgs,
+    /// Turns at a first list, shared by every watch of the process.
+    pub list_turns: ListTurns,
+    /// Where watches hand the objects they cannot decode.
+    pub rejects: Rejects,
+}
+
+impl Context {
+    pub fn artifact_api(&self, namespace: &str) -> Api<Artifact> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+/// Server-side apply as openflux, taking over fields other managers set.
+pub fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
 
 /// Errors of a reconcile; all are retried.
 #[derive(Debug, thiserror::Error)]

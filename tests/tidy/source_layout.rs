@@ -79,7 +79,6 @@ const LAYERS: &[(&str, Layer)] = &[
     ("policy::candidates", Layer::Pure),
     ("telemetry", Layer::Shell),
     ("control", Layer::Shell),
-    ("control::context", Layer::Shell),
     ("control::memo", Layer::Shell),
     ("control::looks", Layer::Shell),
     ("cluster::survey", Layer::Shell),
