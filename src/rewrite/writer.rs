@@ -135,17 +135,25 @@ fn refusal(request: &AdmissionRequest, object: &Value) -> Option<Decision> {
     })
 }
 
-/// The validating webhook's decision for a request about an Artifact
-/// (refused when the controllers could not decode it, else admitted),
-/// `None` for anything else.
-pub fn judge(request: &AdmissionRequest) -> Option<Decision> {
+/// `None` when the request is not about an Artifact; else whether it
+/// writes one: a create or an update of the object itself, not of a
+/// subresource.
+fn writes_artifact(request: &AdmissionRequest) -> Option<bool> {
     if !is_artifact_resource(&request.resource.group, &request.resource.resource) {
         return None;
     }
     let subresource = request.sub_resource.as_deref().unwrap_or_default();
-    if !matches!(request.operation, Operation::Create | Operation::Update)
-        || !subresource.is_empty()
-    {
+    Some(
+        matches!(request.operation, Operation::Create | Operation::Update)
+            && subresource.is_empty(),
+    )
+}
+
+/// The validating webhook's decision for a request about an Artifact
+/// (refused when the controllers could not decode it, else admitted),
+/// `None` for anything else.
+pub fn judge(request: &AdmissionRequest) -> Option<Decision> {
+    if !writes_artifact(request)? {
         return Some(Decision::Unchanged);
     }
     let Some(object) = request.object.as_ref().filter(|o| o.is_object()) else {
@@ -159,13 +167,7 @@ pub fn judge(request: &AdmissionRequest) -> Option<Decision> {
 /// The mutating webhook's decision for a request about an Artifact (the
 /// writer stamp, or the refusal of [`judge`]), `None` for anything else.
 pub fn stamp(request: &AdmissionRequest) -> Option<Decision> {
-    if !is_artifact_resource(&request.resource.group, &request.resource.resource) {
-        return None;
-    }
-    let subresource = request.sub_resource.as_deref().unwrap_or_default();
-    if !matches!(request.operation, Operation::Create | Operation::Update)
-        || !subresource.is_empty()
-    {
+    if !writes_artifact(request)? {
         return Some(Decision::Unchanged);
     }
     let Some(writer) = request.user_info.as_ref().and_then(Writer::from_user_info) else {
