@@ -134,14 +134,15 @@ pub async fn trickle(
 
 /// Posts `body` to `path` as a simple client does: the whole request
 /// written, then the answer read to its end (the request asks to close).
-/// The status, or what failed: a reset while writing is what the API
-/// server counts as a failed call, not an answer to retry.
+/// The status and the answer's body, or what failed: a reset while
+/// writing is what the API server counts as a failed call, not an answer
+/// to retry.
 pub async fn write_whole_then_read(
     from: IpAddr,
     addr: SocketAddr,
     path: &str,
     body: &[u8],
-) -> Result<u16, String> {
+) -> Result<(u16, String), String> {
     let mut tls = tls_from(from, addr)
         .await
         .map_err(|e| format!("connecting: {e}"))?;
@@ -168,11 +169,17 @@ pub async fn write_whole_then_read(
         Ok(Err(e)) if answer.is_empty() => return Err(format!("reading the answer: {e}")),
         Ok(_) => {}
     }
-    let text = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
-    text.strip_prefix("HTTP/1.1 ")
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
         .and_then(|rest| rest.get(..3))
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {text:?}"))
+        .ok_or_else(|| {
+            let start: String = text.chars().take(64).collect();
+            format!("not an HTTP answer: {start:?}")
+        })?;
+    let said = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    Ok((status, said.to_string()))
 }
 
 /// An HTTP/1.1 client on a connection from `from`.

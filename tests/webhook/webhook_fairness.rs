@@ -19,6 +19,9 @@ use crate::attack::{self, ordinary_peer, other_peer};
 
 /// The bound on an ordinary admission, whatever else is in flight.
 const ORDINARY: Duration = Duration::from_secs(1);
+/// How the webhook's 408 for a body slower than its read timeout
+/// begins.
+const SLOW_BODY: &str = "the request body did not arrive within";
 /// The group whose kinds the cluster of these tests serves.
 const GROUP: &str = "widgets.example.com";
 
@@ -298,7 +301,13 @@ async fn connections_that_asked_make_room_for_new_ones() {
 
 /// Clients that each write maximum-size reviews into a server with room
 /// for two at a time all read an answer (200, or 429 to come back later),
-/// never a connection reset in the middle of their body.
+/// never a connection reset in the middle of their body. The flood's own
+/// thread runs at a lower priority and writes 48 bodies at once, so on a
+/// loaded machine a body let in may reach the server slower than
+/// [`BODY_READ_TIMEOUT`](openflux::webhook::limits::BODY_READ_TIMEOUT):
+/// its answer is then the 408 that says so, which is an answer too. A 408
+/// for any other reason (a body held past [`REQUEST_TIMEOUT`]) fails the
+/// test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_maximum_size_reviews_is_answered_not_reset() {
     let server = start().await;
@@ -334,9 +343,11 @@ async fn a_flood_of_maximum_size_reviews_is_answered_not_reset() {
     let mut failures = Vec::new();
     for done in results {
         match done {
-            Ok(statuses) => {
-                for status in statuses {
-                    *seen.entry(status).or_insert(0) += 1;
+            Ok(answers) => {
+                for (status, said) in answers {
+                    let slow_body = status == 408 && said.starts_with(SLOW_BODY);
+                    let key = (status, if slow_body { SLOW_BODY } else { "" });
+                    *seen.entry(key).or_insert(0) += 1;
                 }
             }
             Err(e) => failures.push(e),
@@ -348,8 +359,9 @@ async fn a_flood_of_maximum_size_reviews_is_answered_not_reset() {
         failures.len()
     );
     assert!(
-        seen.keys().all(|s| [200, 429].contains(s)),
+        seen.keys()
+            .all(|answer| [(200, ""), (429, ""), (408, SLOW_BODY)].contains(answer)),
         "answers: {seen:?}"
     );
-    assert!(seen.contains_key(&200), "answers: {seen:?}");
+    assert!(seen.contains_key(&(200, "")), "answers: {seen:?}");
 }
