@@ -107,7 +107,7 @@ select_line() {
       "kube-scheduler|kubernetes-node|k8s.io/kubernetes/cmd/kube-scheduler"
       "kubelet|kubernetes-node|k8s.io/kubernetes/cmd/kubelet"
       "kube-proxy|kubernetes-node|k8s.io/kubernetes/cmd/kube-proxy"
-      "coredns|coredns|github.com/coredns/coredns"
+      "coredns|coredns|."
       "pause|pause|."
     )
   fi
