@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use crate::api::{reason, split_api_version, Artifact};
 use crate::vocabulary::marks::DEFAULT_ARTIFACT_LABEL;
 use crate::vocabulary::mirrored::{fingerprint, is_mirrored};
+use crate::vocabulary::uid::Uid;
 
 /// Text the index keeps: shared, so one string serves every map that
 /// names it, and the namespaces, groups and kinds of all Artifacts are kept
@@ -119,14 +120,14 @@ pub struct Owner {
     pub source: SourceKey,
     /// `apiVersion` as written in the ownerReference.
     pub api_version: Text,
-    pub uid: Text,
+    pub uid: Uid,
 }
 
 /// What the index keeps of one Artifact.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexedArtifact {
     pub key: ArtifactKey,
-    pub uid: Text,
+    pub uid: Uid,
     pub owner: Option<Owner>,
     /// Creation time as the API server wrote it (RFC 3339, seconds, UTC:
     /// its text order is its time order).
@@ -169,12 +170,12 @@ impl IndexedArtifact {
                     name: o.name.as_str().into(),
                 },
                 api_version: o.api_version.as_str().into(),
-                uid: o.uid.as_str().into(),
+                uid: Uid::new(&o.uid),
             }
         });
         Some(Self {
             key,
-            uid: artifact.metadata.uid.as_deref().unwrap_or_default().into(),
+            uid: Uid::new(artifact.metadata.uid.as_deref().unwrap_or_default()),
             owner,
             created: artifact
                 .metadata

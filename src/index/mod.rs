@@ -16,6 +16,7 @@ use hashbrown::{HashMap, HashSet};
 use crate::api::Artifact;
 use crate::index::small_set::SmallSet;
 use crate::names::identity;
+use crate::vocabulary::uid::Uid;
 /// One change to the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexChange {
@@ -210,9 +211,9 @@ impl OwnerIndex {
     /// Records the trust check's verdict on the Artifact `key` whose uid is
     /// `uid` (ignored when the index holds another object of that name);
     /// returns whether it changed.
-    pub fn record_verdict(&mut self, key: &ArtifactKey, uid: &str, trusted: bool) -> bool {
+    pub fn record_verdict(&mut self, key: &ArtifactKey, uid: &Uid, trusted: bool) -> bool {
         match self.artifacts.get_mut(key) {
-            Some(entry) if &*entry.uid == uid && entry.untrusted == trusted => {
+            Some(entry) if entry.uid == *uid && entry.untrusted == trusted => {
                 entry.untrusted = !trusted;
                 true
             }
@@ -627,15 +628,15 @@ mod tests {
             identity::artifact_export_name("genuine")
         );
         // Refused: the source's own Artifact gets the export.
-        assert!(idx.record_verdict(&key("forged"), "uid-ns-forged", false));
-        assert!(!idx.record_verdict(&key("forged"), "uid-ns-forged", false));
+        assert!(idx.record_verdict(&key("forged"), &Uid::new("uid-ns-forged"), false));
+        assert!(!idx.record_verdict(&key("forged"), &Uid::new("uid-ns-forged"), false));
         assert_eq!(name_of(&idx, "genuine"), web);
         assert_eq!(
             name_of(&idx, "forged"),
             identity::artifact_export_name("forged")
         );
         // A verdict on another object of that name is not this one's.
-        assert!(!idx.record_verdict(&key("genuine"), "uid-elsewhere", false));
+        assert!(!idx.record_verdict(&key("genuine"), &Uid::new("uid-elsewhere"), false));
         assert_eq!(name_of(&idx, "genuine"), web);
         // After a restart the verdict comes from the Artifact's condition.
         forged.status = serde_json::from_value(serde_json::json!({"conditions": [{
@@ -648,11 +649,11 @@ mod tests {
         assert_eq!(name_of(&idx, "genuine"), web);
         // Written again by someone who may speak for the source: trusted,
         // and its label counts again.
-        assert!(idx.record_verdict(&key("forged"), "uid-ns-forged", true));
+        assert!(idx.record_verdict(&key("forged"), &Uid::new("uid-ns-forged"), true));
         assert_eq!(name_of(&idx, "forged"), web);
         // Every Artifact refused: none is the default (none is exported).
-        idx.record_verdict(&key("forged"), "uid-ns-forged", false);
-        idx.record_verdict(&key("genuine"), "uid-ns-genuine", false);
+        idx.record_verdict(&key("forged"), &Uid::new("uid-ns-forged"), false);
+        idx.record_verdict(&key("genuine"), &Uid::new("uid-ns-genuine"), false);
         assert!(idx
             .default_of(
                 &idx.artifact("ns", "genuine")

@@ -39,6 +39,7 @@ use crate::api::{Artifact, StockSource, FLUX_SOURCE_GROUP};
 use crate::control::{apply_params, reconcile_result, Context, Error, Reconciler, Requeue};
 use crate::locks;
 use crate::telemetry::KindLabels;
+use crate::vocabulary::uid::Uid;
 
 /// Why openflux cannot tell whether a source kind is served.
 #[derive(Debug, thiserror::Error)]
@@ -199,16 +200,15 @@ async fn reconcile_inner(
 /// Deletes the Artifact `name` if `source` controls it.
 async fn remove(ctx: &Context, source: &Source, name: &str) -> Result<(), Error> {
     let namespace = &*source.namespace;
-    let source_uid = source.uid.as_deref().unwrap_or_default();
     let uid = {
         let index = locks::read(&ctx.index);
         let Some(current) = index.artifact(namespace, name) else {
             return Ok(());
         };
-        let ours = current
-            .owner
-            .as_ref()
-            .is_some_and(|o| *o.uid == *source_uid);
+        let ours = current.owner.as_ref().is_some_and(|o| match &source.uid {
+            Some(uid) => o.uid == *uid,
+            None => o.uid.is_empty(),
+        });
         if !ours {
             return Ok(());
         }
@@ -337,7 +337,7 @@ async fn taken(
     );
     let key = format!("taken/{namespace}/{name}");
     let hash = crate::control::hash_of(&message).unwrap_or_default();
-    let uid = source.uid.as_deref().map(str::to_string);
+    let uid = source.uid.as_ref().map(Uid::to_string);
     if ctx.memo.already_written(&key, uid.as_deref(), hash) {
         return;
     }

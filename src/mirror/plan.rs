@@ -13,6 +13,7 @@ use crate::api::{
     SOURCE_KIND_LABEL, SOURCE_NAME_LABEL,
 };
 pub use crate::vocabulary::mirrored::{fingerprint, is_mirrored};
+use crate::vocabulary::uid::Uid;
 use crate::{names, shard};
 
 /// What the mirror should do for one source.
@@ -63,7 +64,7 @@ pub fn plan(
         api_version: api_version.to_string(),
         kind: kind.to_string(),
         name: name.to_string(),
-        uid: source.uid.as_deref().unwrap_or_default().to_string(),
+        uid: source.uid.as_ref().map(Uid::to_string).unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: None,
     };

@@ -21,6 +21,7 @@ use serde::{Deserialize, Deserializer};
 use crate::api::MANAGED_BY_LABEL;
 use crate::shard::SHARD_LABEL;
 use crate::vocabulary::marks::SHADOW_LABEL;
+use crate::vocabulary::uid::Uid;
 
 /// One stock source object as the watch reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,7 +38,7 @@ pub struct Source {
     /// owner index's `Text`).
     pub namespace: Arc<str>,
     pub name: Arc<str>,
-    pub uid: Option<Box<str>>,
+    pub uid: Option<Uid>,
     pub labels: SourceLabels,
     /// `status.artifact` as JSON text; none when the source has no artifact.
     pub artifact: Option<Box<str>>,
@@ -55,6 +56,23 @@ pub struct SourceLabels {
 }
 
 impl Source {
+    /// What the mirror keeps of `source`, with `namespace` as the text of
+    /// its namespace (shared by the store).
+    pub fn in_namespace(source: &FluxSource, namespace: Arc<str>) -> Self {
+        let meta = &source.metadata;
+        Source {
+            namespace,
+            name: meta.name.as_deref().unwrap_or_default().into(),
+            uid: meta.uid.as_deref().map(Uid::new),
+            labels: meta
+                .labels
+                .as_ref()
+                .map(SourceLabels::of)
+                .unwrap_or_default(),
+            artifact: source.artifact.clone(),
+        }
+    }
+
     /// The source's namespace and name, what tells it apart.
     pub fn key(&self) -> (&str, &str) {
         (&self.namespace, &self.name)
@@ -73,18 +91,8 @@ impl SourceLabels {
 
 impl From<&FluxSource> for Source {
     fn from(source: &FluxSource) -> Self {
-        let meta = &source.metadata;
-        Source {
-            namespace: meta.namespace.as_deref().unwrap_or_default().into(),
-            name: meta.name.as_deref().unwrap_or_default().into(),
-            uid: meta.uid.as_deref().map(Into::into),
-            labels: meta
-                .labels
-                .as_ref()
-                .map(SourceLabels::of)
-                .unwrap_or_default(),
-            artifact: source.artifact.clone(),
-        }
+        let namespace = source.metadata.namespace.as_deref().unwrap_or_default();
+        Source::in_namespace(source, namespace.into())
     }
 }
 
@@ -228,7 +236,7 @@ mod tests {
         .unwrap();
         let kept = Source::from(&s);
         assert_eq!((&*kept.namespace, &*kept.name), ("apps", "podinfo"));
-        assert_eq!(kept.uid.as_deref(), Some("u-1"));
+        assert_eq!(kept.uid, Some(Uid::new("u-1")));
         assert_eq!(kept.artifact, s.artifact);
         assert_eq!(
             kept.labels,

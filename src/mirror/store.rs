@@ -3,11 +3,13 @@
 //!
 //! kube's store would keep each object whole with a key of four more
 //! strings, and build a second map through every list before swapping it
-//! in. Here a slot is one pointer, the namespace and name are the source's
-//! own, and a list writes into the live map: each listed source replaces
-//! its entry as it arrives (and wakes the mirror at once), and when the list
-//! ends the entries it did not bring are dropped.
+//! in. Here a slot is one pointer, the name is the source's own, the
+//! namespace's text is kept once for all the sources in it, and a list
+//! writes into the live map: each listed source replaces its entry as it
+//! arrives (and wakes the mirror at once), and when the list ends the
+//! entries it did not bring are dropped.
 
+use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
@@ -29,9 +31,33 @@ struct Table {
     hasher: DefaultHashBuilder,
     /// Counts the lists begun.
     list: u64,
+    /// The text of each namespace a kept source is in, shared by all of
+    /// them (and by the wakes and the backlog that name them).
+    namespaces: HashSet<Arc<str>>,
 }
 
 impl Table {
+    /// The shared text of `namespace`.
+    fn namespace(&mut self, namespace: &str) -> Arc<str> {
+        if let Some(kept) = self.namespaces.get(namespace) {
+            return kept.clone();
+        }
+        let kept: Arc<str> = namespace.into();
+        self.namespaces.insert(kept.clone());
+        kept
+    }
+
+    /// Lets go of `namespace`'s text when nothing else holds it.
+    fn forget_namespace(&mut self, namespace: &str) {
+        if self
+            .namespaces
+            .get(namespace)
+            .is_some_and(|kept| Arc::strong_count(kept) == 1)
+        {
+            self.namespaces.remove(namespace);
+        }
+    }
+
     fn get(&self, namespace: &str, name: &str) -> Option<&Arc<Source>> {
         let hash = hash_of(&self.hasher, namespace, name);
         self.kept
@@ -62,6 +88,7 @@ impl Table {
             .find_entry(hash, |k| is(&k.source, namespace, name))
         {
             slot.remove();
+            self.forget_namespace(namespace);
         }
     }
 }
@@ -106,8 +133,10 @@ impl Sources {
 
     /// Keeps what the watch saw of `object`, in place of what was kept.
     fn keep(&self, object: &FluxSource) -> Arc<Source> {
-        let source = Arc::new(Source::from(object));
-        locks::write(&self.0).insert(source.clone());
+        let mut table = locks::write(&self.0);
+        let namespace = table.namespace(object.metadata.namespace.as_deref().unwrap_or_default());
+        let source = Arc::new(Source::in_namespace(object, namespace));
+        table.insert(source.clone());
         source
     }
 
@@ -132,6 +161,7 @@ impl Sources {
                 let mut table = locks::write(&self.0);
                 let list = table.list;
                 table.kept.retain(|k| k.list == list);
+                table.namespaces.retain(|kept| Arc::strong_count(kept) > 1);
                 drop(table);
                 then(Change::Relisted(&[]));
             }
@@ -225,6 +255,42 @@ mod tests {
         take(&store, Change::Relisted(&[]));
         assert_eq!(store.len(), 1);
         assert_eq!(revision(&store, "d").as_deref(), Some("r3"));
+    }
+
+    #[test]
+    fn a_namespace_is_kept_once_while_a_source_is_in_it() {
+        let store = Sources::default();
+        let mut elsewhere = object("c", "r1");
+        elsewhere.metadata.namespace = Some("other".into());
+        take(&store, Change::Applied(&object("a", "r1")));
+        take(&store, Change::Applied(&object("b", "r1")));
+        take(&store, Change::Applied(&elsewhere));
+        let (a, b) = (
+            store.get("apps", "a").unwrap(),
+            store.get("apps", "b").unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
+        assert_eq!(locks::read(&store.0).namespaces.len(), 2);
+        drop((a, b));
+        // Its last source deleted, a namespace's text goes.
+        take(&store, Change::Deleted(&elsewhere));
+        assert_eq!(locks::read(&store.0).namespaces.len(), 1);
+        // A name held elsewhere (a wake) keeps it until a list ends
+        // without it.
+        let held = store.get("apps", "a").unwrap().namespace.clone();
+        take(&store, Change::Deleted(&object("a", "r1")));
+        take(&store, Change::Deleted(&object("b", "r1")));
+        assert_eq!(locks::read(&store.0).namespaces.len(), 1);
+        take(&store, Change::Listing);
+        take(&store, Change::Relisted(&[]));
+        assert_eq!(locks::read(&store.0).namespaces.len(), 1);
+        drop(held);
+        take(&store, Change::Listing);
+        take(&store, Change::Relisted(&[]));
+        assert!(locks::read(&store.0).namespaces.is_empty());
+        // And comes back with the next source in it.
+        take(&store, Change::Applied(&object("a", "r2")));
+        assert_eq!(revision(&store, "a").as_deref(), Some("r2"));
     }
 
     #[test]

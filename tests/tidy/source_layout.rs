@@ -37,6 +37,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("vocabulary::consumers", Layer::Pure),
     ("vocabulary::marks", Layer::Pure),
     ("vocabulary::mirrored", Layer::Pure),
+    ("vocabulary::uid", Layer::Pure),
     ("index", Layer::Pure),
     ("index::entry", Layer::Pure),
     ("shard", Layer::Pure),
