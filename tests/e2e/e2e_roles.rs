@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Api;
 use serde_json::json;
-use support::identity::acting_as;
+use support::identity::{acting_as, wait_allowed};
 use support::{cluster, wait_for, Env, TIMEOUT};
 
 const EDIT_ROLES: &str = include_str!("../../manifests/roles.yaml");
@@ -38,7 +38,8 @@ fn artifacts() -> ApiResource {
     resource("openflux.dev", "v1alpha1", "Artifact", "artifacts")
 }
 
-/// A ServiceAccount `name` in `ns` bound there to the ClusterRole `role`.
+/// A ServiceAccount `name` in `ns` bound there to the ClusterRole `role`,
+/// once the API server's authorizer lets it use what the role grants.
 async fn bound(env: &Env, ns: &str, name: &str, role: &str) -> kube::Client {
     env.apply(&json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
@@ -54,6 +55,15 @@ async fn bound(env: &Env, ns: &str, name: &str, role: &str) -> kube::Client {
     }))
     .await
     .expect("binding the ServiceAccount");
+    // The binding reaches the authorizer a moment after it is stored: until
+    // it does, the ServiceAccount is refused what the role grants.
+    let verb = if role == "view" { "list" } else { "patch" };
+    for (group, resource) in [
+        ("sources.openflux.dev", "httpsources"),
+        ("openflux.dev", "artifacts"),
+    ] {
+        wait_allowed(env, ns, name, verb, group, resource).await;
+    }
     acting_as(env, ns, name)
 }
 
