@@ -294,6 +294,15 @@ async fn granted(env: &Env, ns: &str, sa_ns: &str, sa: &str) -> kube::Client {
     ] {
         env.apply(&obj).await.expect("the grant");
     }
+    support::identity::wait_allowed_in(
+        env,
+        (sa_ns, sa),
+        ns,
+        "create",
+        "source.toolkit.fluxcd.io",
+        "externalartifacts",
+    )
+    .await;
     acting_as(env, sa_ns, sa)
 }
 

@@ -75,6 +75,10 @@ pub async fn openflux_client(env: &Env) -> kube::Client {
 /// Lease) and their bindings, placed in `ns`, where a test runs openflux
 /// (`--namespace=<ns>`). Removed with the namespace.
 pub async fn grant_runtime_namespace(env: &Env, ns: &str) {
+    // What each Role grants openflux on any object (a rule without
+    // resourceNames): until the authorizer has the bindings, openflux is
+    // refused it there.
+    let mut granted = Vec::new();
     for mut doc in shipped_rbac() {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         if !matches!(kind.as_str(), "Role" | "RoleBinding")
@@ -82,10 +86,26 @@ pub async fn grant_runtime_namespace(env: &Env, ns: &str) {
         {
             continue;
         }
+        let any_object = doc["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r.get("resourceNames").is_none());
+        if let Some(rule) = any_object {
+            let first = |field: &str| rule[field][0].as_str().unwrap_or_default().to_string();
+            granted.push((first("verbs"), first("apiGroups"), first("resources")));
+        }
         doc["metadata"]["namespace"] = json!(ns);
         env.apply(&doc)
             .await
             .unwrap_or_else(|e| panic!("granting openflux its {kind} in {ns}: {e:#}"));
+    }
+    let account = OPENFLUX_USER
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("openflux's user is a ServiceAccount's");
+    for (verb, group, resource) in &granted {
+        wait_allowed_in(env, account, ns, verb, group, resource).await;
     }
 }
 
@@ -150,12 +170,26 @@ pub async fn wait_allowed(
     group: &str,
     resource: &str,
 ) {
+    wait_allowed_in(env, (ns, name), ns, verb, group, resource).await;
+}
+
+/// [`wait_allowed`] for the ServiceAccount `account` (namespace, name) in
+/// namespace `ns`, which may be another than the ServiceAccount's.
+pub async fn wait_allowed_in(
+    env: &Env,
+    account: (&str, &str),
+    ns: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) {
     use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let (sa_ns, name) = account;
     let review: SubjectAccessReview = serde_json::from_value(json!({
         "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
         "spec": {
-            "user": format!("system:serviceaccount:{ns}:{name}"),
-            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"),
+            "user": format!("system:serviceaccount:{sa_ns}:{name}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{sa_ns}"),
                        "system:authenticated"],
             "resourceAttributes": {"namespace": ns, "verb": verb, "group": group,
                                    "resource": resource},
@@ -164,7 +198,7 @@ pub async fn wait_allowed(
     .expect("a SubjectAccessReview");
     let reviews: kube::Api<SubjectAccessReview> = kube::Api::all(env.client.clone());
     crate::wait_for(
-        &format!("{ns}/{name} allowed to {verb} {resource}.{group}"),
+        &format!("{sa_ns}/{name} allowed to {verb} {resource}.{group} in {ns}"),
         crate::TIMEOUT,
         || async {
             let answered = reviews.create(&Default::default(), &review).await.ok()?;

@@ -47,6 +47,8 @@ pub async fn intruder_and_producer(env: &Env, group: &str, ns: &str) {
         ] {
             env.apply(&obj).await.expect("the writers' RBAC");
         }
+        // Acting before the authorizer has the binding would be refused.
+        crate::identity::wait_allowed(env, ns, who, "create", "openflux.dev", "artifacts").await;
     }
 }
 
