@@ -654,10 +654,7 @@ async fn openflux_may_create_no_secret_but_its_certificates() {
     let ns = env.namespace("certs-policy").await;
     let n = ns.name().to_string();
     support::identity::grant_runtime_namespace(&env, &n).await;
-    let (sa_ns, sa) = support::identity::OPENFLUX_USER
-        .strip_prefix("system:serviceaccount:")
-        .and_then(|rest| rest.split_once(':'))
-        .expect("a ServiceAccount user");
+    let (sa_ns, sa) = support::identity::openflux_account();
     let secrets: Api<Secret> = Api::namespaced(support::identity::acting_as(&env, sa_ns, sa), &n);
     let create = |name: String, type_: &str| {
         let secret: Secret = serde_json::from_value(json!({

@@ -24,6 +24,14 @@ use crate::Env;
 /// The user openflux acts as in a cluster (its ServiceAccount).
 pub const OPENFLUX_USER: &str = "system:serviceaccount:openflux-system:openflux";
 
+/// The namespace and name of the ServiceAccount [`OPENFLUX_USER`] names.
+pub fn openflux_account() -> (&'static str, &'static str) {
+    OPENFLUX_USER
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("openflux's user is a ServiceAccount's")
+}
+
 /// The namespace the shipped manifests install openflux into.
 pub const OPENFLUX_NAMESPACE: &str = "openflux-system";
 
@@ -100,12 +108,8 @@ pub async fn grant_runtime_namespace(env: &Env, ns: &str) {
             .await
             .unwrap_or_else(|e| panic!("granting openflux its {kind} in {ns}: {e:#}"));
     }
-    let account = OPENFLUX_USER
-        .strip_prefix("system:serviceaccount:")
-        .and_then(|rest| rest.split_once(':'))
-        .expect("openflux's user is a ServiceAccount's");
     for (verb, group, resource) in &granted {
-        wait_allowed_in(env, account, ns, verb, group, resource).await;
+        wait_allowed_in(env, openflux_account(), ns, verb, group, resource).await;
     }
 }
 
@@ -127,10 +131,7 @@ pub async fn grant_webhook_configuration(env: &Env, name: &str, uid: &str) {
     rule["resourceNames"] = json!([name]);
     let owner = json!([{"apiVersion": "admissionregistration.k8s.io/v1",
                         "kind": "MutatingWebhookConfiguration", "name": name, "uid": uid}]);
-    let (sa_namespace, sa_name) = OPENFLUX_USER
-        .strip_prefix("system:serviceaccount:")
-        .and_then(|rest| rest.split_once(':'))
-        .expect("a ServiceAccount user");
+    let (sa_namespace, sa_name) = openflux_account();
     for doc in [
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                "metadata": {"name": name, "ownerReferences": owner}, "rules": [rule]}),
@@ -215,10 +216,7 @@ mod tests {
     #[test]
     fn the_shipped_rbac_names_openflux_in_its_namespace() {
         let docs = shipped_rbac();
-        let (ns, name) = OPENFLUX_USER
-            .strip_prefix("system:serviceaccount:")
-            .and_then(|r| r.split_once(':'))
-            .unwrap();
+        let (ns, name) = openflux_account();
         assert_eq!(ns, OPENFLUX_NAMESPACE);
         assert!(docs.iter().any(|d| d["kind"] == "ServiceAccount"
             && d["metadata"]["name"] == name
