@@ -52,7 +52,7 @@ impl Table {
         if self
             .namespaces
             .get(namespace)
-            .is_some_and(|kept| Arc::strong_count(kept) == 1)
+            .is_some_and(|kept| !held(kept))
         {
             self.namespaces.remove(namespace);
         }
@@ -91,6 +91,12 @@ impl Table {
             self.forget_namespace(namespace);
         }
     }
+}
+
+/// Whether a namespace's text is held beyond the store's own set: by a
+/// kept source, a wake or the backlog.
+fn held(namespace: &Arc<str>) -> bool {
+    Arc::strong_count(namespace) > 1
 }
 
 fn hash_of(hasher: &DefaultHashBuilder, namespace: &str, name: &str) -> u64 {
@@ -161,7 +167,7 @@ impl Sources {
                 let mut table = locks::write(&self.0);
                 let list = table.list;
                 table.kept.retain(|k| k.list == list);
-                table.namespaces.retain(|kept| Arc::strong_count(kept) > 1);
+                table.namespaces.retain(held);
                 drop(table);
                 then(Change::Relisted(&[]));
             }
