@@ -25,12 +25,12 @@ demo-down:
 # other Flux lines or gates (ports 18xxx and 19xxx; the lockdown cell of
 # tests/e2e/e2e_lockdown.rs 21xxx; see e2e/lib/cells.sh), one at a time; the
 # nodes cell's tests (ports 20xxx) run in a process of their own beside the
-# others. Two builds run beside the tests at the lowest CPU priority, in
-# the CPU the tests leave idle while they wait on reconciles: the images'
-# release build for both platforms (what the image tests and the nodes
-# cell install) and the producer kit's check (`make crate-check`), whose
-# failure fails `make test` at the end. Every cell is stopped at the end,
-# whether the tests passed or not.
+# others, and the nodes cell comes up while the tests compile. Two builds
+# run beside the tests: the images' release build for both platforms (what
+# the image tests and the nodes cell install, which the nodes cell's tests
+# wait for), then, at the lowest CPU priority, the producer kit's check
+# (`make crate-check`), whose failure fails `make test` at the end. Every
+# cell is stopped at the end, whether the tests passed or not.
 test: lint cluster-up chart-check
 	CARGO="$(CARGO)" TEST_THREADS=$(TEST_THREADS) e2e/test-all
 
