@@ -28,7 +28,7 @@ demo-down:
 # others, and the nodes cell comes up while the tests compile. Two builds
 # run beside the tests: the images' release build for both platforms (what
 # the image tests and the nodes cell install, which the nodes cell's tests
-# wait for), then, at the lowest CPU priority, the producer kit's check
+# wait for), then, niced, the producer kit's check
 # (`make crate-check`), whose failure fails `make test` at the end. Every
 # cell is stopped at the end, whether the tests passed or not.
 test: lint cluster-up chart-check
