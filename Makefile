@@ -25,12 +25,13 @@ demo-down:
 # other Flux lines or gates (ports 18xxx and 19xxx; the lockdown cell of
 # tests/e2e/e2e_lockdown.rs 21xxx; see e2e/lib/cells.sh), one at a time; the
 # nodes cell's tests (ports 20xxx) run in a process of their own beside the
-# others, and the nodes cell comes up while the tests compile. Two builds
-# run beside the tests: the images' release build for both platforms (what
-# the image tests and the nodes cell install, which the nodes cell's tests
-# wait for), then, niced, the producer kit's check
-# (`make crate-check`), whose failure fails `make test` at the end. Every
-# cell is stopped at the end, whether the tests passed or not.
+# others. Builds run beside the tests: the images' release build for both
+# platforms (what the image tests and the nodes cell install, which the
+# nodes cell's tests wait for), cosign and oras, then, niced, the producer
+# kit's check (`make crate-check`), whose failure fails `make test` at the
+# end; and, niced, what the other tests would build on first use
+# (e2e/test-all says which). Every cell is stopped at the end, whether the
+# tests passed or not.
 test: lint cluster-up chart-check
 	CARGO="$(CARGO)" TEST_THREADS=$(TEST_THREADS) e2e/test-all
 
