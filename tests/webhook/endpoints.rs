@@ -31,6 +31,26 @@ fn free() -> SocketAddr {
         .expect("a free port")
 }
 
+/// The three listening flags of `openflux run`.
+const ADDR_FLAGS: [&str; 3] = ["--metrics-addr", "--health-addr", "--webhook-addr"];
+
+/// `openflux run` against `kubeconfig` in namespace default, each of
+/// ADDR_FLAGS at the address `addr` gives for it, with its output piped.
+fn openflux_run(kubeconfig: &std::path::Path, addr: impl Fn(&str) -> SocketAddr) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_openflux"));
+    command.arg("--kubeconfig").arg(kubeconfig).arg("run");
+    for flag in ADDR_FLAGS {
+        command.arg(format!("{flag}={}", addr(flag)));
+    }
+    command
+        .arg("--namespace=default")
+        .arg("--watch-all-namespaces=false")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
 /// Runs `openflux run` with `flag` at `taken` and the other two ports
 /// free, for at most 20 s: its exit status (None: still running, then
 /// killed) and its output.
@@ -39,19 +59,7 @@ fn run_with(
     flag: &str,
     taken: SocketAddr,
 ) -> (Option<std::process::ExitStatus>, String) {
-    let addr = |name: &str| if name == flag { taken } else { free() };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_openflux"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("run")
-        .arg(format!("--metrics-addr={}", addr("--metrics-addr")))
-        .arg(format!("--health-addr={}", addr("--health-addr")))
-        .arg(format!("--webhook-addr={}", addr("--webhook-addr")))
-        .arg("--namespace=default")
-        .arg("--watch-all-namespaces=false")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let mut child = openflux_run(kubeconfig, |name| if name == flag { taken } else { free() })
         .spawn()
         .expect("starting openflux");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -81,7 +89,7 @@ fn a_taken_port_stops_the_process_with_its_flag() {
     let dir = std::env::temp_dir().join(format!("openflux-endpoints-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     let kubeconfig = kubeconfig(&dir, "insecure-skip-tls-verify: true");
-    for flag in ["--metrics-addr", "--health-addr", "--webhook-addr"] {
+    for flag in ADDR_FLAGS {
         let held = TcpListener::bind("127.0.0.1:0").expect("binding a port to hold");
         let taken = held.local_addr().expect("the held port");
         // The other two ports are free when picked but not held (the child
@@ -92,11 +100,9 @@ fn a_taken_port_stops_the_process_with_its_flag() {
         let (status, text) = loop {
             attempts += 1;
             let (status, text) = run_with(&kubeconfig, flag, taken);
-            let other_taken = ["--metrics-addr", "--health-addr", "--webhook-addr"]
-                .iter()
-                .any(|other| {
-                    *other != flag && text.contains(&format!("cannot listen on {other} "))
-                });
+            let other_taken = ADDR_FLAGS.iter().any(|other| {
+                *other != flag && text.contains(&format!("cannot listen on {other} "))
+            });
             if !other_taken || attempts == 5 {
                 break (status, text);
             }
@@ -129,23 +135,18 @@ fn plain_http_events_start_without_ca_roots() {
     );
     let kubeconfig = kubeconfig(&dir, &tls);
     let webhook = free();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_openflux"))
-        .env("SSL_CERT_FILE", dir.join("none.pem"))
-        .env("SSL_CERT_DIR", &empty)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("run")
-        .arg(format!("--metrics-addr={}", free()))
-        .arg(format!("--health-addr={}", free()))
-        .arg(format!("--webhook-addr={webhook}"))
-        .arg("--events-addr=http://127.0.0.1:1/")
-        .arg("--namespace=default")
-        .arg("--watch-all-namespaces=false")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting openflux");
+    let mut child = openflux_run(&kubeconfig, |flag| {
+        if flag == "--webhook-addr" {
+            webhook
+        } else {
+            free()
+        }
+    })
+    .env("SSL_CERT_FILE", dir.join("none.pem"))
+    .env("SSL_CERT_DIR", &empty)
+    .arg("--events-addr=http://127.0.0.1:1/")
+    .spawn()
+    .expect("starting openflux");
     let deadline = Instant::now() + Duration::from_secs(30);
     let serving = loop {
         if child.try_wait().expect("polling openflux").is_some() {
