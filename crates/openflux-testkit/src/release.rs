@@ -176,16 +176,7 @@ fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> B
         "make release: {}",
         String::from_utf8_lossy(&out.stdout).trim()
     );
-    // "openflux X.Y.Z, commit <sha>, SOURCE_DATE_EPOCH ..."
-    let log = String::from_utf8_lossy(&out.stderr);
-    let said = format!("openflux {version}, commit ");
-    let commit = log
-        .lines()
-        .find_map(|l| l.split_once(&said))
-        .and_then(|(_, rest)| rest.split(',').next())
-        .filter(|c| c.len() == 40 && c.chars().all(|ch| ch.is_ascii_hexdigit()))
-        .unwrap_or_else(|| panic!("make release named no commit:\n{log}"))
-        .to_string();
+    let commit = released_commit(&version, &String::from_utf8_lossy(&out.stderr));
     run(
         &format!("{}/release/publish (make publish)", tree.display()),
         &mut publish,
@@ -217,6 +208,18 @@ fn release_and_publish(tree: &Path, registry: &str, env: &[(&str, &OsStr)]) -> B
             test_key
         }),
     }
+}
+
+/// The commit `make release` of `version` said it released, from its log
+/// ("openflux X.Y.Z, commit <sha>, SOURCE_DATE_EPOCH ...").
+fn released_commit(version: &str, log: &str) -> String {
+    let said = format!("openflux {version}, commit ");
+    log.lines()
+        .find_map(|l| l.split_once(&said))
+        .and_then(|(_, rest)| rest.split(',').next())
+        .filter(|c| c.len() == 40 && c.chars().all(|ch| ch.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("make release named no commit:\n{log}"))
+        .to_string()
 }
 
 static BUNDLE: OnceLock<Bundle> = OnceLock::new();
@@ -336,33 +339,36 @@ pub fn cache_root() -> PathBuf {
 
 /// The previous release (`OPENFLUX_PREVIOUS_RELEASE`), made by its own
 /// `make release` in a clone at its commit and pushed by its own `make
-/// publish` to `<cell registry>/previous`, once per test process. Three
-/// differences from how it was shipped, none in what it installs: no
-/// signatures (`SIGN=0`; the kubectl and Helm paths verify none), this
-/// machine's platform alone, and the release profile's optimisation and
-/// link-time work turned off (`CARGO_PROFILE_RELEASE_*`), so its cold build
-/// takes a debug build's time. A fixed commit builds to the same bundle,
-/// so its clone and target dir stay in the e2e build cache (as the
-/// control plane's binaries do): a second run, from any clone, builds
-/// nothing again.
+/// publish` to `<cell registry>/previous`, once per test process, by
+/// e2e/previous-release (which says how it differs from the shipped one:
+/// nothing it installs). Its clone and target dir stay in the e2e build
+/// cache, and `make test` builds it beside the tests, so this mostly
+/// packages and pushes.
 pub fn previous_bundle(env: &Env) -> &'static Bundle {
     PREVIOUS.get_or_init(|| {
-        let commit = previous_commit();
-        let base = cache_root().join("previous-release");
-        let tree = checkout_at(&commit, &base);
-        let target = base.join("target");
         let registry = format!("{}/previous", registry(env));
-        release_and_publish(
-            &tree,
-            &registry,
-            &[
-                ("CARGO_TARGET_DIR", target.as_os_str()),
-                ("SIGN", OsStr::new("0")),
-                ("PLATFORMS", OsStr::new(this_platform())),
-                ("CARGO_PROFILE_RELEASE_OPT_LEVEL", OsStr::new("0")),
-                ("CARGO_PROFILE_RELEASE_LTO", OsStr::new("false")),
-                ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", OsStr::new("16")),
-            ],
-        )
+        let mut script = Command::new(workspace_root().join("e2e/previous-release"));
+        crate::openflux::without_test_env(&mut script).args([registry.as_str(), "--publish"]);
+        let out = run_output(
+            "e2e/previous-release (its make release and make publish)",
+            &mut script,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut lines = stdout.lines();
+        let (Some(tree), Some(dir)) = (lines.next(), lines.next()) else {
+            panic!("e2e/previous-release printed no clone and bundle directory: {stdout}");
+        };
+        let tree = PathBuf::from(tree);
+        let version = version_of(&tree);
+        let commit = released_commit(&version, &String::from_utf8_lossy(&out.stderr));
+        Bundle {
+            dir: PathBuf::from(dir),
+            tree,
+            version,
+            registry,
+            helm: helm(),
+            commit,
+            test_key: None,
+        }
     })
 }
