@@ -133,15 +133,6 @@ fn version_of(tree: &Path) -> String {
         .to_string()
 }
 
-/// The image platform of this machine, the one a test release is made for.
-fn this_platform() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "linux/amd64",
-        "aarch64" => "linux/arm64",
-        other => panic!("no image platform for {other}"),
-    }
-}
-
 /// The helm that `make release` builds (from its Go module).
 fn helm() -> PathBuf {
     let helm = run(
